@@ -1,0 +1,89 @@
+"""The engine contract: a table of active sequences stepped together.
+
+The run supervisor owns the asyncio side; an engine is synchronous and is
+stepped from a worker thread (ONNX Runtime releases the GIL). One `step()`
+advances *every* active sequence by one token, which is the seam where
+continuous batching lives and where the supervisor group-commits events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one sequence.
+
+    Randomness is a pure function of (seed, token index): a run resumed after a
+    crash from its logged tokens draws exactly what an uninterrupted run draws.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    top_logprobs: int = 0  # 0 = off
+
+
+class LogitsConstraint(Protocol):
+    """Per-sequence grammar hook (e.g. the Harmony header). Stateful; fed every sampled token."""
+
+    def allowed_token_ids(self) -> np.ndarray | None:
+        """Token ids the next token may be, or None for no restriction."""
+        ...
+
+    def accept(self, token_id: int) -> None:
+        """Advance the grammar by a token that was sampled (or replayed on resume)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """One sampled token of one sequence."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    # Set on the sequence's last token; the engine drops the sequence itself then.
+    finish_reason: FinishReason | None = None
+
+
+class EngineError(Exception):
+    """A sequence could not be admitted or stepped (e.g. prompt longer than the context)."""
+
+
+class Engine(Protocol):
+    model_id: str
+    max_context: int  # prompt + generated tokens one sequence may hold
+
+    def add_sequence(
+        self,
+        seq_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        constraint: LogitsConstraint | None = None,
+        generated_ids: Sequence[int] = (),
+    ) -> None:
+        """Admit a sequence. `generated_ids` are tokens already sampled (resume after a crash):
+        they are prefilled with the prompt and the next draw uses token index len(generated_ids).
+        The caller has already fed them to `constraint`."""
+        ...
+
+    def step(self) -> dict[str, TokenOutput]:
+        """Advance every active sequence by one token (blocking). Finished sequences are dropped."""
+        ...
+
+    def remove_sequence(self, seq_id: str) -> None:
+        """Forget a sequence (cancelled or abandoned); unknown ids are ignored."""
+        ...
+
+    def active_sequence_ids(self) -> list[str]: ...
