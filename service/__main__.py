@@ -1,0 +1,68 @@
+"""Command line: serve, migrate, model …, inspect, rebuild-projections."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from service.config import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m service", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the HTTP server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info")
+
+    commands.add_parser("migrate", help="apply database migrations and exit")
+    commands.add_parser("rebuild-projections", help="drop and rebuild the responses/conversation tables from the log")
+    inspect = commands.add_parser("inspect", help="print a response and its events as JSON")
+    inspect.add_argument("response_id")
+
+    from service.engine.cli import add_model_commands
+
+    add_model_commands(commands)
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+
+    if args.command == "serve":
+        import uvicorn
+
+        from service.app import create_app
+
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=5)
+        return 0
+    if args.command == "migrate":
+        from service.store.db import migrate_sync
+
+        migrate_sync(settings.database_url)
+        return 0
+    if args.command == "rebuild-projections":
+        from service.store.rebuild import rebuild_projections
+
+        count = asyncio.run(rebuild_projections(settings.database_url))
+        print(f"rebuilt {count} responses")
+        return 0
+    if args.command == "inspect":
+        from service.store.rebuild import inspect_response
+
+        print(json.dumps(asyncio.run(inspect_response(settings.database_url, args.response_id)), indent=2))
+        return 0
+    if args.command == "model":
+        from service.engine.cli import run_model_command
+
+        return run_model_command(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Settings, read once from the environment (prefix SERVICE_)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./service.db"
+
+
+class Settings(BaseModel):
+    database_url: str = DEFAULT_DATABASE_URL
+    # A model directory; None = the built-in test model, built on first use.
+    model: Path | None = None
+    model_cache: Path | None = None
+    intra_op_threads: int | None = None
+    max_active_runs: int = Field(default=8, ge=1)
+    lease_seconds: float = Field(default=10.0, gt=0)
+    # How often an idle worker looks for runs whose lease expired.
+    claim_interval_seconds: float = Field(default=1.0, gt=0)
+    # SSE tailing falls back to polling the log this often when no notification arrives.
+    poll_interval_seconds: float = Field(default=0.5, gt=0)
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_output_tokens_default: int = 512
+    api_key: str | None = None
+    worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            raw = os.environ.get(f"SERVICE_{name.upper()}")
+            if raw is not None and raw != "":
+                values[name] = raw
+        values.update(overrides)
+        return cls.model_validate(values)

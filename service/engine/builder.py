@@ -1,0 +1,127 @@
+"""Build a seeded random-weight Llama-style decoder as an ONNX model directory."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from service.engine.config import DecoderConfig, ModelMeta, write_config
+from service.engine.cpu import cpu_features
+from service.engine.graph_contrib import BLOCK_SIZE, build_contrib_graph
+from service.engine.graph_standard import build_standard_graph
+from service.engine.weights import random_weights
+
+MODEL_FILE = "model.onnx"
+EXTERNAL_DATA_THRESHOLD = 1 << 30  # protobuf caps a single file at 2 GiB; go external well before that
+
+Progress = Callable[[str], None]
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Write model.onnx, with weights in model.onnx.data when the model is large."""
+    size = sum(len(t.raw_data) for t in model.graph.initializer)
+    if size > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(path))
+
+
+def write_fp32_decoder(
+    out_dir: Path, config: DecoderConfig, seed: int, *, extra: dict[str, Any] | None = None, all_logits: bool = False
+) -> Path:
+    """Weights + graph + config.json, unquantized."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = random_weights(config, seed)
+    model = build_standard_graph(config, weights, all_logits=all_logits)
+    del weights
+    save_model(model, out_dir / MODEL_FILE)
+    meta = {
+        "format": "onnx-decoder-with-past",
+        "graph": "standard",
+        "seed": seed,
+        "logits": "all" if all_logits else "last_position",
+        "quantization": None,
+        **(extra or {}),
+    }
+    write_config(out_dir, ModelMeta(config, meta))
+    return out_dir
+
+
+def write_contrib_decoder(
+    out_dir: Path, config: DecoderConfig, seed: int, *, quantize: bool, extra: dict[str, Any] | None = None
+) -> Path:
+    """The contrib-op graph (GroupQueryAttention, MatMulNBits int8 weights quantized here in numpy)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = build_contrib_graph(config, random_weights(config, seed), quantize=quantize)
+    save_model(model, out_dir / MODEL_FILE)
+    scheme = None
+    if quantize:
+        scheme = {
+            "scheme": "matmulnbits_int8",
+            "op": "com.microsoft.MatMulNBits",
+            "bits": 8,
+            "block_size": BLOCK_SIZE,
+            "symmetric": True,
+            "accuracy_level": 4,
+            "activation_type": "int8 (dynamic, per row block)",
+            "built_for_kernel": cpu_features().int8_kernel,
+        }
+    meta = {
+        "format": "onnx-decoder-with-past",
+        "graph": "contrib",
+        "kv_cache": "shared_buffer",
+        "seed": seed,
+        "logits": "last_position",
+        "quantization": scheme,
+        **(extra or {}),
+    }
+    write_config(out_dir, ModelMeta(config, meta))
+    return out_dir
+
+
+def build_random_decoder(
+    out_dir: Path,
+    config: DecoderConfig,
+    seed: int,
+    *,
+    quantize: bool = True,
+    extra: dict[str, Any] | None = None,
+    graph: str = "contrib",
+    all_logits: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """Write a deterministic random decoder (config.json + model.onnx) to `out_dir`; int8 when `quantize`.
+
+    graph="contrib": ORT contrib ops, MatMulNBits int8 (the fast path). graph="standard": plain ONNX
+    ops in the Optimum layout, int8 via quantize_dynamic. `extra` goes into config.json (model_id,
+    chat_format, ...). `all_logits` (standard only) keeps logits for every position (tests)."""
+    note = progress or (lambda _msg: None)
+    if graph == "contrib":
+        note("weights + graph")
+        return write_contrib_decoder(out_dir, config, seed, quantize=quantize, extra=extra)
+    if graph != "standard":
+        raise ValueError(f"unknown graph kind {graph!r}")
+    if not quantize:
+        note("weights + graph")
+        return write_fp32_decoder(out_dir, config, seed, extra=extra, all_logits=all_logits)
+    from service.engine.quantize import quantize_model
+
+    with tempfile.TemporaryDirectory(prefix="fp32-", dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
+        note("weights + graph")
+        fp32 = write_fp32_decoder(Path(tmp), config, seed, extra=extra, all_logits=all_logits)
+        note("int8 quantization")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        return quantize_model(fp32, out_dir)

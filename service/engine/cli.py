@@ -1,0 +1,99 @@
+"""`model ...` subcommands for the service CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from service.engine.builder import build_random_decoder
+from service.engine.config import DecoderConfig
+from service.engine.info import model_info
+from service.engine.model_dir import ensure_builtin_model
+from service.engine.quantize import quantize_model
+
+SHAPES: dict[str, DecoderConfig] = {
+    "qwen2.5-0.5b": DecoderConfig(
+        vocab_size=151_936,
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        max_position=4096,
+        rope_theta=1_000_000.0,
+        tie_embeddings=True,
+    ),
+    "tiny": DecoderConfig(
+        vocab_size=4096,
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=384,
+        max_position=2048,
+    ),
+}
+
+
+def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add `model {build-default,quantize,info,build-random}` to a parent parser's subparsers."""
+    model = subparsers.add_parser("model", help="build, quantize and inspect models")
+    sub = model.add_subparsers(dest="model_command", required=True)
+
+    p = sub.add_parser("build-default", help="build (if needed) and cache the built-in model")
+    p.add_argument("--cache-dir", type=Path, default=None)
+    p.set_defaults(func=_build_default)
+
+    p = sub.add_parser("quantize", help="int8-quantize a model directory")
+    p.add_argument("src", type=Path)
+    p.add_argument("dst", type=Path)
+    p.set_defaults(func=_quantize)
+
+    p = sub.add_parser("info", help="print a model directory's description as JSON")
+    p.add_argument("path", type=Path, nargs="?", default=None, help="default: the built-in model")
+    p.set_defaults(func=_info)
+
+    p = sub.add_parser("build-random", help="build a random-weight model of a known shape")
+    p.add_argument("out", type=Path)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fp32", action="store_true", help="skip int8 quantization")
+    p.set_defaults(func=_build_random)
+
+
+def run_model_command(args: argparse.Namespace) -> int:
+    return int(args.func(args) or 0)
+
+
+def _build_default(args: argparse.Namespace) -> int:
+    print(ensure_builtin_model(args.cache_dir, progress=True))
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    print(quantize_model(args.src, args.dst))
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    path = args.path or ensure_builtin_model(progress=True)
+    print(json.dumps(model_info(path), indent=2))
+    return 0
+
+
+def _build_random(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    out = build_random_decoder(
+        args.out,
+        SHAPES[args.shape],
+        args.seed,
+        quantize=not args.fp32,
+        extra={"model_id": f"random-{args.shape}"},
+        progress=print,
+    )
+    print(f"{out} ({time.monotonic() - started:.1f}s)")
+    return 0

@@ -1,0 +1,129 @@
+"""The decoder in ONNX Runtime contrib ops, the layout onnxruntime-genai uses for CPU.
+
+GroupQueryAttention (rotary inside, past and present sharing one [b, kv_heads, max_context, d]
+buffer per layer that the engine binds as both input and output), SimplifiedLayerNormalization /
+SkipSimplifiedLayerNormalization, fused QKV and gate/up projections, and MatMulNBits bits=8
+(accuracy_level=4: int8 activations quantized per row block, so each row's result does not
+depend on the rest of the batch). Inputs: input_ids [b, s], attention_mask [b, past + s];
+outputs logits [b, 1, vocab] (last position) and present.{i}.key/.value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from service.engine.config import DecoderConfig
+from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
+from service.engine.weights import rope_tables
+
+MS = "com.microsoft"
+BLOCK_SIZE = 32
+
+
+def quantize_blockwise_int8(w: np.ndarray, block: int = BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Symmetric 8-bit blocks along K of w [N, K] (HF [out, in]): MatMulNBits B, scales, zero points."""
+    n, k = w.shape
+    kb = -(-k // block)
+    padded = np.zeros((n, kb * block), dtype=np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, kb, block)
+    scale = np.abs(blocks).max(axis=2) / 127.0
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    q = np.clip(np.rint(blocks / scale[:, :, None]), -127, 127).astype(np.int16) + 128
+    zp = np.full((n, kb), 128, dtype=np.uint8)
+    return q.astype(np.uint8), scale.reshape(-1), zp
+
+
+def dequantize_blockwise_int8(b: np.ndarray, scale: np.ndarray, k: int) -> np.ndarray:
+    n, kb, block = b.shape
+    w = (b.astype(np.float32) - 128.0) * scale.reshape(n, kb, 1)
+    return w.reshape(n, kb * block)[:, :k]
+
+
+def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True) -> onnx.ModelProto:
+    """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests)."""
+    c = config
+    g = GraphWriter()
+    d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
+
+    def linear(x: str, name: str, weight: np.ndarray) -> str:
+        """x @ weight.T for weight [N, K]."""
+        n, k = weight.shape
+        if not quantize:
+            return g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)])
+        b, scales, zp = quantize_blockwise_int8(weight)
+        ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales), g.weight(name + ".zp", zp)]
+        return g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=BLOCK_SIZE, accuracy_level=4)
+
+    def skip_norm(x: str, residual: str, name: str) -> tuple[str, str]:
+        """(normalized x + residual, x + residual)."""
+        outs = g.op(
+            "SkipSimplifiedLayerNormalization",
+            [x, residual, g.weight(name, w[name])],
+            n_out=4,
+            domain=MS,
+            epsilon=c.rms_norm_eps,
+        )
+        return outs[0], outs[3]
+
+    x = g.op("Gather", [g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"])
+    cos_t, sin_t = rope_tables(c)
+    cos, sin = g.weight("rope.cos", cos_t), g.weight("rope.sin", sin_t)
+    # GQA wants the last valid index per row and the total length, as int32.
+    seqlens = g.op("Sub", [g.op("ReduceSum", ["attention_mask", g.const([1])], keepdims=0), g.const(1)])
+    seqlens = g.op("Cast", [seqlens], to=onnx.TensorProto.INT32)
+    total = g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const(1)], axis=0)
+    total = g.op("Cast", [total], to=onnx.TensorProto.INT32)
+
+    name0 = "model.layers.0.input_layernorm.weight"
+    hdn = g.op("SimplifiedLayerNormalization", [x, g.weight(name0, w[name0])], axis=-1, epsilon=c.rms_norm_eps)
+    residual = x
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        if i > 0:
+            hdn, residual = skip_norm(x, residual, p + "input_layernorm.weight")
+        qkv_w = np.concatenate([w[p + f"self_attn.{m}_proj.weight"] for m in "qkv"], axis=0)
+        qkv = linear(hdn, p + "self_attn.qkv_proj", qkv_w)
+        ctx = g.op(
+            "GroupQueryAttention",
+            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total, cos, sin],
+            n_out=3,
+            domain=MS,
+            num_heads=nh,
+            kv_num_heads=kvh,
+            scale=float(1 / np.sqrt(d)),
+            do_rotary=1,
+            rotary_interleaved=0,
+        )
+        g.nodes[-1].output[1] = f"present.{i}.key"
+        g.nodes[-1].output[2] = f"present.{i}.value"
+        x = linear(ctx[0], p + "self_attn.o_proj", w[p + "self_attn.o_proj.weight"])
+        hdn, residual = skip_norm(x, residual, p + "post_attention_layernorm.weight")
+        gate_up = linear(
+            hdn,
+            p + "mlp.gate_up_proj",
+            np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], axis=0),
+        )
+        gate, up = g.op("Split", [gate_up, g.const([c.intermediate_size, c.intermediate_size])], n_out=2, axis=-1)
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+        x = linear(act, p + "mlp.down_proj", w[p + "mlp.down_proj.weight"])
+
+    # Only the last position's logits: slice before the final norm and the (large) head.
+    last = g.op("Slice", [x, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
+    last_res = g.op("Slice", [residual, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
+    hdn, _ = skip_norm(last, last_res, "model.norm.weight")
+    head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+    logits = linear(hdn, "lm_head", head)
+    g.op_named("Identity", [logits], ["logits"])
+
+    kv: list[int | str] = ["batch", kvh, "max_context", d]
+    inputs = [
+        tensor_info("input_ids", INT64, ["batch", "seq"]),
+        tensor_info("attention_mask", INT64, ["batch", "total_seq"]),
+    ]
+    outputs = [tensor_info("logits", FLOAT, ["batch", 1, c.vocab_size])]
+    for i in range(c.num_layers):
+        inputs += [tensor_info(f"past_key_values.{i}.{kind}", FLOAT, kv) for kind in ("key", "value")]
+        outputs += [tensor_info(f"present.{i}.{kind}", FLOAT, kv) for kind in ("key", "value")]
+    return g.model(inputs, outputs, {"": 17, MS: 1})

@@ -1,0 +1,60 @@
+"""A JSON-able description of a model directory: format, quantization, ops, CPU and kernel path."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from service.engine.config import read_config
+from service.engine.cpu import cpu_features
+from service.engine.quantize import find_model_file
+
+_REPORTED_OPS = (
+    "MatMulInteger",
+    "DynamicQuantizeMatMul",
+    "DynamicQuantizeLinear",
+    "MatMulNBits",
+    "MatMul",
+    "GroupQueryAttention",
+    "RotaryEmbedding",
+    "SkipSimplifiedLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "Attention",
+    "MultiHeadAttention",
+    "Gather",
+    "Softmax",
+)
+
+
+def model_info(model_dir: Path) -> dict[str, Any]:
+    model_dir = Path(model_dir)
+    path = find_model_file(model_dir)
+    meta = read_config(model_dir)
+    model = onnx.load(str(path), load_external_data=False)
+    ops = Counter(n.op_type for n in model.graph.node)
+    stored = sum(f.stat().st_size for f in model_dir.iterdir() if f.is_file())
+    weights = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    cpu = cpu_features()
+    return {
+        "path": str(model_dir),
+        "model_file": path.name,
+        "format": meta.extra.get("format", "onnx"),
+        "graph": meta.extra.get("graph", "unknown"),
+        "model_id": meta.model_id or model_dir.name,
+        "chat_format": meta.extra.get("chat_format"),
+        "quantization": meta.extra.get("quantization"),
+        "decoder": meta.decoder.to_dict(),
+        "parameters": meta.decoder.parameter_count(),
+        "stored_weight_elements": weights,
+        "size_bytes": stored,
+        "op_counts": {op: ops[op] for op in _REPORTED_OPS if ops[op]},
+        "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+        "cpu": cpu.to_dict(),
+        "int8_kernel": cpu.int8_kernel,
+        "onnxruntime": ort.__version__,
+    }

@@ -1,0 +1,70 @@
+"""What a decoder graph expects: input/output names, KV shape and dtype, read off the session."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from service.engine.base import EngineError
+from service.engine.config import DecoderConfig
+
+_PAST = re.compile(r"^(?:past_key_values|past)\.(\d+)\.(key|value)$")
+_PRESENT = re.compile(r"^(?:present|present_key_values)\.(\d+)\.(key|value)$")
+_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass(frozen=True)
+class GraphLayout:
+    past_names: list[str]  # key, value of layer 0, then layer 1, ...
+    present_names: list[str]  # in the same order
+    logits_name: str
+    has_attention_mask: bool
+    has_position_ids: bool
+    has_use_cache_branch: bool  # Optimum merged decoders
+    kv_dtype: type
+    kv_heads: int
+    head_dim: int
+    shared_buffer: bool  # past and present are one [b, kv_heads, max_context, d] buffer (GQA)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.past_names) // 2
+
+
+def _ordered(names: list[str], pattern: re.Pattern[str]) -> list[str]:
+    found = {}
+    for n in names:
+        m = pattern.match(n)
+        if m:
+            found[(int(m.group(1)), 0 if m.group(2) == "key" else 1)] = n
+    return [found[k] for k in sorted(found)]
+
+
+def detect_layout(session: ort.InferenceSession, config: DecoderConfig, *, shared_buffer: bool) -> GraphLayout:
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    past = _ordered(list(inputs), _PAST)
+    present = _ordered(outputs, _PRESENT)
+    if "input_ids" not in inputs or not past or len(past) != len(present):
+        raise EngineError(f"not a decoder-with-past graph: inputs {sorted(inputs)}, outputs {outputs}")
+    shape = inputs[past[0]].shape
+    kv_heads = shape[1] if isinstance(shape[1], int) else config.num_kv_heads
+    head_dim = shape[3] if isinstance(shape[3], int) else config.head_dim
+    dtype = _DTYPES.get(inputs[past[0]].type)
+    if dtype is None:
+        raise EngineError(f"unsupported KV dtype {inputs[past[0]].type}")
+    return GraphLayout(
+        past_names=past,
+        present_names=present,
+        logits_name="logits" if "logits" in outputs else outputs[0],
+        has_attention_mask="attention_mask" in inputs,
+        has_position_ids="position_ids" in inputs,
+        has_use_cache_branch="use_cache_branch" in inputs,
+        kv_dtype=dtype,
+        kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        shared_buffer=shared_buffer,
+    )

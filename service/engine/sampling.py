@@ -1,0 +1,107 @@
+"""Token selection: greedy, or temperature / top-k / top-p with a draw that is a pure function of
+(seed, token index), so a resumed run samples exactly what an uninterrupted run would have.
+
+Reported logprobs are from the model's own distribution: log-softmax of the raw logits at
+temperature 1, before top-k/top-p and before the constraint mask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.engine.base import SamplingParams, TokenOutput
+
+# For top-p, first try the nucleus among this many best tokens; fall back to sorting everything.
+_NUCLEUS_PREFETCH = 1024
+_BLOCK = 1024
+
+
+def draw_uniform(seed: int, token_index: int) -> float:
+    """The one uniform number in [0, 1) used to pick token `token_index` of a sequence seeded `seed`."""
+    return float(np.random.default_rng([seed % (1 << 64), token_index]).random())
+
+
+def _logsumexp(logits: np.ndarray) -> float:
+    m = float(logits.max())
+    return m + float(np.log(np.exp(logits - np.float32(m)).sum(dtype=np.float64)))
+
+
+def _top_n(values: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n largest values, best first, ties by lower index (deterministic)."""
+    n = min(n, values.shape[0])
+    part = np.argpartition(-values, n - 1)[:n] if n < values.shape[0] else np.arange(values.shape[0])
+    part = np.sort(part)
+    return part[np.argsort(-values[part], kind="stable")]
+
+
+def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:
+    """The probability of the token at which the best-first cumulative mass first reaches top_p.
+
+    Tokens with p >= this form the nucleus (ties at the edge all stay in)."""
+    target = top_p * float(p.sum(dtype=np.float64))
+    ids = _top_n(p, _NUCLEUS_PREFETCH)
+    mass = np.cumsum(p[ids], dtype=np.float64)
+    if mass[-1] >= target or ids.shape[0] == p.shape[0]:
+        cut = min(int(np.searchsorted(mass, target, side="left")), ids.shape[0] - 1)
+        return float(p[ids[cut]])
+    # A flat distribution: sort the values (not indices), which is cheap even for a 200k vocabulary.
+    desc = np.sort(p)[::-1]
+    cut = min(int(np.searchsorted(np.cumsum(desc, dtype=np.float64), target, side="left")), desc.shape[0] - 1)
+    return float(desc[cut])
+
+
+def _inverse_cdf(p: np.ndarray, u: float) -> int:
+    """The first index whose cumulative weight exceeds u * total, via per-block sums (a float64
+    cumsum over the whole vocabulary costs milliseconds)."""
+    n = p.shape[0]
+    padded = np.zeros(-(-n // _BLOCK) * _BLOCK, dtype=np.float64)
+    padded[:n] = p
+    blocks = padded.reshape(-1, _BLOCK)
+    block_cdf = np.cumsum(blocks.sum(axis=1))
+    target = u * block_cdf[-1]
+    b = min(int(np.searchsorted(block_cdf, target, side="right")), block_cdf.shape[0] - 1)
+    before = block_cdf[b - 1] if b > 0 else 0.0
+    inner = np.cumsum(blocks[b]) + before
+    j = b * _BLOCK + min(int(np.searchsorted(inner, target, side="right")), _BLOCK - 1)
+    if j >= n or p[j] == 0.0:  # rounding put the target on a zero-weight tail
+        j = int(np.flatnonzero(p[: min(j + 1, n)])[-1]) if np.any(p[: min(j + 1, n)]) else int(np.flatnonzero(p)[0])
+    return j
+
+
+def _choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:
+    """Inverse-CDF draw (in token-id order) over the temperature/top-k/top-p filtered distribution."""
+    scaled = logits / np.float32(params.temperature)
+    p = np.exp(scaled - scaled.max())
+    if 0 < params.top_k < p.shape[0]:
+        kth = np.partition(p, p.shape[0] - params.top_k)[p.shape[0] - params.top_k]
+        p[p < kth] = 0.0
+    if params.top_p < 1.0:
+        p[p < _nucleus_threshold(p, params.top_p)] = 0.0
+    return _inverse_cdf(p, u)
+
+
+def sample(
+    logits: np.ndarray, params: SamplingParams, token_index: int, allowed: np.ndarray | None = None
+) -> TokenOutput:
+    """Pick one token from `logits` (vocab,). `allowed` (token ids) masks everything else out.
+
+    Greedy when temperature == 0. finish_reason is left for the engine to set."""
+    raw = np.asarray(logits, dtype=np.float32)
+    masked = raw
+    if allowed is not None:
+        allowed = np.asarray(allowed, dtype=np.int64)
+        if allowed.size == 0:
+            raise ValueError("constraint allows no token")
+        masked = np.full_like(raw, -np.inf)
+        masked[allowed] = raw[allowed]
+    if params.temperature <= 0.0:
+        token = int(np.argmax(masked))
+    else:
+        token = _choose(masked, params, draw_uniform(params.seed, token_index))
+    lse = _logsumexp(raw)
+    logprob = float(raw[token]) - lse
+    top: tuple[tuple[int, float], ...] = ()
+    if params.top_logprobs > 0:
+        ids = _top_n(raw, params.top_logprobs)
+        top = tuple((int(i), float(raw[i]) - lse) for i in ids)
+    return TokenOutput(token_id=token, logprob=logprob, top_logprobs=top)

@@ -1,0 +1,50 @@
+"""Errors raised inside the service; the HTTP edge maps them once to OpenAI's error shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(ApiError):
+    pass
+
+
+class NotFound(ApiError):
+    status_code = 404
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="not_found")
+
+
+class PayloadTooLarge(ApiError):
+    status_code = 413
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="payload_too_large")
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    error_type = "authentication_error"
+
+    def __init__(self, message: str = "Invalid or missing API key.") -> None:
+        super().__init__(message, code="invalid_api_key")
+
+
+class ServerError(ApiError):
+    status_code = 500
+    error_type = "server_error"

@@ -1,0 +1,223 @@
+"""HTTP routes. Handlers translate HTTP to commands and reads; errors are mapped once, in app.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from service.commands import Commands
+from service.errors import InvalidRequest, NotFound, PayloadTooLarge
+from service.http.sse import sse_frame, tail_events
+from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
+from service.store import event_log, read_models
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _commands(request: Request) -> Commands:
+    commands: Commands = request.app.state.commands
+    return commands
+
+
+async def _json_body(request: Request) -> Any:
+    limit: int = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InvalidRequest("We could not parse the JSON body of your request. Send valid JSON.",
+                             code="invalid_json") from None
+
+
+async def create_response(request: Request) -> Response:
+    commands = _commands(request)
+    create = parse_create_request(await _json_body(request))
+    created = await commands.create(create)
+    if create.stream:
+        return _stream(request, created.response_id, after=-1, cancel_on_disconnect=not create.background,
+                       forget_at_end=not create.store)
+    if create.background:
+        return JSONResponse(await commands.get(created.response_id))
+    return await _wait_for_end(request, created.response_id, forget_at_end=not create.store)
+
+
+async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bool) -> Response:
+    """A plain request is the stream consumed to its terminal event; a client that leaves cancels it."""
+    commands = _commands(request)
+    state = request.app.state
+
+    async def consume() -> dict[str, Any]:
+        last: dict[str, Any] = {}
+        async for stored in tail_events(state.db, state.notifier, response_id, after=-1,
+                                        poll_interval=state.settings.poll_interval_seconds):
+            last = stored.payload()  # tail_events ends at the terminal event
+        return last
+
+    consumer = asyncio.create_task(consume())
+    watcher = asyncio.create_task(_disconnected(request))
+    done, _pending = await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (consumer, watcher):
+        task.cancel()
+    if watcher in done:
+        await commands.cancel_foreground(response_id)
+        return Response(status_code=499)
+    terminal = consumer.result()
+    if "response" not in terminal:
+        raise NotFound(f"Response with id '{response_id}' was deleted while it ran.", param="response_id")
+    if forget_at_end:
+        await commands.forget_unstored(response_id)
+    return JSONResponse(terminal["response"])
+
+
+async def _disconnected(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+
+
+def _stream(request: Request, response_id: str, *, after: int, cancel_on_disconnect: bool,
+            forget_at_end: bool = False) -> StreamingResponse:
+    state = request.app.state
+    commands = _commands(request)
+
+    async def frames() -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            async for stored in tail_events(state.db, state.notifier, response_id, after=after,
+                                            poll_interval=state.settings.poll_interval_seconds):
+                yield sse_frame(stored)
+                finished = stored.type in TERMINAL_EVENT_TYPES
+            if finished and forget_at_end:
+                await commands.forget_unstored(response_id)
+        finally:
+            if cancel_on_disconnect and not finished:
+                # We may be inside a cancelled scope: record the cancel from a task of its own.
+                task = asyncio.get_running_loop().create_task(commands.cancel_foreground(response_id))
+                state.background_tasks.add(task)
+                task.add_done_callback(state.background_tasks.discard)
+
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def retrieve_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    commands = _commands(request)
+    response = await commands.get(response_id)
+    if request.query_params.get("stream", "false").lower() != "true":
+        return JSONResponse(response)
+    after = _starting_after(request)
+    async with request.app.state.db.connect() as connection:
+        last = await event_log.last_sequence_number(connection, response_id)
+    if after > last:
+        raise InvalidRequest(f"starting_after={after} is past the last event of this response ({last}).",
+                             param="starting_after", code="invalid_starting_after")
+    return _stream(request, response_id, after=after, cancel_on_disconnect=False)
+
+
+def _starting_after(request: Request) -> int:
+    raw = request.query_params.get("starting_after")
+    param = "starting_after"
+    if raw is None:
+        raw, param = request.headers.get("last-event-id"), "Last-Event-ID"
+    if raw is None or raw == "":
+        return -1
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{param} must be an integer, got {raw!r}.", param=param,
+                             code="invalid_starting_after") from None
+    if value < -1:
+        raise InvalidRequest(f"{param} must be -1 or greater.", param=param, code="invalid_starting_after")
+    return value
+
+
+async def cancel_response(request: Request) -> Response:
+    return JSONResponse(await _commands(request).cancel(request.path_params["response_id"]))
+
+
+async def delete_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    await _commands(request).delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+async def list_input_items(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    query = request.query_params
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
+    async with request.app.state.db.connect() as connection:
+        if not await read_models.exists(connection, response_id):
+            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
+        items = await read_models.list_items(connection, response_id, source="input")
+    if order == "desc":
+        items.reverse()
+    ids = [item["id"] for item in items]
+    for cursor_name in ("after", "before"):
+        cursor = query.get(cursor_name)
+        if cursor is None:
+            continue
+        if cursor not in ids:
+            raise InvalidRequest(f"No input item with id '{cursor}' in this response.", param=cursor_name)
+        position = ids.index(cursor)
+        if cursor_name == "after":
+            items, ids = items[position + 1:], ids[position + 1:]
+        else:
+            items, ids = items[:position], ids[:position]
+    page = items[:limit]
+    return JSONResponse({
+        "object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit,
+    })
+
+
+async def list_models(request: Request) -> Response:
+    runtime = request.app.state.runtime
+    return JSONResponse({"object": "list", "data": [
+        {"id": runtime.model_id, "object": "model", "created": int(request.app.state.started_at),
+         "owned_by": "responses-service", "info": runtime.info},
+    ]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    runtime = request.app.state.runtime
+    if request.path_params["model_id"] != runtime.model_id:
+        raise NotFound(f"The model '{request.path_params['model_id']}' does not exist.", param="model")
+    return JSONResponse({"id": runtime.model_id, "object": "model", "created": int(request.app.state.started_at),
+                         "owned_by": "responses-service", "info": runtime.info})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "worker_id": request.app.state.settings.worker_id,
+                         "active_runs": len(request.app.state.supervisor.active)})
+
+
+routes = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+]

@@ -1,0 +1,37 @@
+"""Server-sent events from the log: replay after N, then tail live until the terminal event."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.notify import Notifier
+from service.protocol import TERMINAL_EVENT_TYPES
+from service.store import event_log, read_models
+from service.store.event_log import StoredEvent
+
+
+async def tail_events(db: AsyncEngine, notifier: Notifier, response_id: str, *, after: int,
+                      poll_interval: float) -> AsyncIterator[StoredEvent]:
+    """Every event with sequence_number > after, in order, ending with the terminal event
+    (or when the response is deleted). Events are read from the log, so a client never sees
+    one that is not committed."""
+    last = after
+    while True:
+        async with db.connect() as connection:
+            batch = await event_log.read_events(connection, response_id, after=last, limit=500)
+            gone = not batch and not await read_models.exists(connection, response_id)
+        if gone:
+            return
+        for stored in batch:
+            yield stored
+            last = stored.sequence_number
+            if stored.type in TERMINAL_EVENT_TYPES:
+                return
+        if not batch:
+            await notifier.wait(response_id, timeout=poll_interval)
+
+
+def sse_frame(stored: StoredEvent) -> bytes:
+    return f"event: {stored.type}\nid: {stored.sequence_number}\ndata: {stored.data}\n\n".encode()

@@ -1,0 +1,64 @@
+"""Pure folds over the log: no I/O. `project` turns a response's client events into the
+Response object a client GETs; `output_items` lists its finished output items."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from service.protocol import TERMINAL_EVENT_TYPES
+
+Event = dict[str, Any]
+
+_TEXT_DELTAS = {"response.output_text.delta", "response.reasoning_text.delta"}
+
+
+def project(events: Iterable[Event], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fold events (in sequence order) onto `base` (a Response snapshot, or None to start from scratch)."""
+    response: dict[str, Any] | None = copy.deepcopy(base) if base is not None else None
+    for event in events:
+        response = apply(response, event)
+    if response is None:
+        raise ValueError("a response's log starts with response.created")
+    return response
+
+
+def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
+    kind = event["type"]
+    if "response" in event and kind.startswith("response.") and isinstance(event["response"], dict):
+        snapshot = copy.deepcopy(event["response"])
+        if response is not None and kind not in TERMINAL_EVENT_TYPES:
+            # Lifecycle events before the end carry no output; keep what the deltas built.
+            snapshot["output"] = response.get("output", [])
+        return snapshot
+    if response is None:
+        raise ValueError(f"event {kind} before response.created")
+    output: list[dict[str, Any]] = response.setdefault("output", [])
+    if kind == "response.output_item.added":
+        index = event["output_index"]
+        while len(output) <= index:
+            output.append({})
+        output[index] = copy.deepcopy(event["item"])
+    elif kind == "response.output_item.done":
+        output[event["output_index"]] = copy.deepcopy(event["item"])
+    elif kind == "response.content_part.added":
+        output[event["output_index"]].setdefault("content", []).append(copy.deepcopy(event["part"]))
+    elif kind in _TEXT_DELTAS:
+        output[event["output_index"]]["content"][event["content_index"]]["text"] += event["delta"]
+    elif kind == "response.function_call_arguments.delta":
+        output[event["output_index"]]["arguments"] += event["delta"]
+    return response
+
+
+def is_terminal(event: Event) -> bool:
+    return event["type"] in TERMINAL_EVENT_TYPES
+
+
+def finished_output_items(events: Iterable[Event]) -> list[dict[str, Any]]:
+    """Output items that reached output_item.done, in output order."""
+    done: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event["type"] == "response.output_item.done":
+            done[event["output_index"]] = event["item"]
+    return [done[index] for index in sorted(done)]

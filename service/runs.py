@@ -1,0 +1,315 @@
+"""The run supervisor: claims runs from the log, steps them through the engine together,
+and commits each step of every run in one transaction (group commit) before anyone sees it.
+
+A run is rebuilt from the log when it is claimed (after a crash, or on another replica):
+the request fact gives the prompt and sampling, the token facts give what was sampled,
+and replaying those tokens through a fresh parser and StreamBuilder regenerates exactly
+the events already logged, so generation continues with the next sequence number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.config import Settings
+from service.engine.base import EngineError, SamplingParams, TokenOutput
+from service.model_runtime import ModelRuntime
+from service.notify import Notifier
+from service.projection import apply
+from service.prompting.base import ItemEnded, MalformedOutput, OutputParser, PromptRequest
+from service.protocol import TERMINAL_EVENT_TYPES
+from service.store import event_log, leases, recorder
+from service.store.leases import ClaimedRun
+from service.store.recorder import RunWrite
+from service.stream_builder import Ending, StreamBuilder
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Events after which the `responses` row is refreshed; deltas in between are folded by readers.
+_ROW_REFRESH_EVENTS = TERMINAL_EVENT_TYPES | {"response.in_progress", "response.output_item.done"}
+
+
+def prompt_request_from_fact(fact: dict[str, Any]) -> PromptRequest:
+    return PromptRequest(
+        items=fact["prompt_items"], instructions=fact["instructions"], tools=tuple(fact["tools"]),
+        reasoning_effort=fact["reasoning_effort"],
+    )
+
+
+@dataclass
+class ActiveRun:
+    response_id: str
+    fact: dict[str, Any]
+    builder: StreamBuilder
+    parser: OutputParser
+    projected: dict[str, Any]
+    generated: int
+    pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
+    cancel_requested: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.fact["prompt_token_ids"])
+
+    def write(self) -> RunWrite:
+        pending, self.pending = self.pending, []
+        return RunWrite(self.response_id, events=pending, output_ordinal_base=self.fact["input_item_count"])
+
+    def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
+        write.events += new_events
+        for event in new_events:
+            self.projected = apply(self.projected, event)
+        if any(e["type"] in _ROW_REFRESH_EVENTS for e in write.events):
+            write.projection = self.projected
+        write.terminal = self.builder.finished
+
+    def finish(self, write: RunWrite, ending: Ending, error: dict[str, str] | None = None) -> None:
+        try:
+            chunks = self.parser.finish()
+        except MalformedOutput:
+            chunks = []  # the run is ending anyway; an unparseable tail is dropped
+        if ending != "stop":
+            # An item cut short is closed by builder.finish with status "incomplete".
+            chunks = [chunk for chunk in chunks if not isinstance(chunk, ItemEnded)]
+        events = self.builder.feed(chunks)
+        events += self.builder.finish(ending, input_tokens=self.prompt_tokens, output_tokens=self.generated,
+                                      error=error)
+        self.record(write, events)
+
+
+class RunSupervisor:
+    def __init__(self, db: AsyncEngine, runtime: ModelRuntime, notifier: Notifier, settings: Settings) -> None:
+        self.db = db
+        self.runtime = runtime
+        self.notifier = notifier
+        self.settings = settings
+        self.owner = settings.worker_id
+        self.active: dict[str, ActiveRun] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        # The engine is not thread-safe; one worker thread runs every engine call in order.
+        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        await recorder.delete_finished_unstored(self.db)  # store=false responses whose client is gone
+        self._tasks = [asyncio.create_task(self._loop(), name="run-loop"),
+                       asyncio.create_task(self._heartbeat(), name="run-heartbeat")]
+
+    async def stop(self) -> None:
+        """Stop stepping and hand owned runs back so another worker continues them at once."""
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.active:
+            with contextlib.suppress(Exception):
+                await recorder.release(self.db, self.owner, list(self.active))
+        for response_id in list(self.active):
+            with contextlib.suppress(Exception):
+                await self._in_engine(self.runtime.engine.remove_sequence, response_id)
+        self.active.clear()
+        self._engine_thread.shutdown(wait=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _in_engine(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._engine_thread, function, *args)
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                await self._admit()
+                if not self.active:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.claim_interval_seconds)
+                    self._wake.clear()
+                    continue
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("run loop iteration failed; retrying")
+                await asyncio.sleep(0.5)
+
+    async def _admit(self) -> None:
+        async with self.db.begin() as connection:
+            claimed = await leases.claim(connection, self.owner, lease_seconds=self.settings.lease_seconds,
+                                         limit=100, cancelled_only=True)
+            room = self.settings.max_active_runs - len(self.active)
+            if room > 0:
+                claimed += await leases.claim(connection, self.owner, lease_seconds=self.settings.lease_seconds,
+                                              limit=room)
+        for run in claimed:
+            try:
+                await self._resume(run)
+            except Exception as exc:
+                log.exception("could not start run %s", run.response_id)
+                await self._fail_unstarted(run.response_id, f"The run could not be started: {exc}")
+
+    async def _resume(self, claimed: ClaimedRun) -> None:
+        rid = claimed.response_id
+        async with self.db.connect() as connection:
+            facts = await event_log.read_facts(connection, rid)
+            logged = [e.payload() for e in await event_log.read_events(connection, rid)]
+        request_facts = [f.data for f in facts if f.kind == "request"]
+        if not request_facts or not logged:
+            return  # deleted meanwhile
+        fact = request_facts[0]
+        tokens = [t for f in facts if f.kind == "tokens" for t in f.data["ids"]]
+        cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
+
+        prompt_request = prompt_request_from_fact(fact)
+        constraint = self.runtime.new_constraint(prompt_request)
+        builder = StreamBuilder(fact["response"])
+        parser = self.runtime.chat_format.new_parser()
+        regenerated = builder.created() + builder.in_progress()
+        for token in tokens:
+            if constraint is not None:
+                constraint.accept(token)
+            regenerated += builder.feed(parser.feed(token))
+        if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
+            raise RuntimeError("replaying the logged tokens did not reproduce the logged events")
+        run = ActiveRun(rid, fact, builder, parser, projected={}, generated=len(tokens),
+                        pending=regenerated[len(logged):])
+        projected: dict[str, Any] | None = None
+        for event in logged:
+            projected = apply(projected, event)
+        assert projected is not None
+        run.projected = projected
+
+        if cancelled or (not claimed.background and claimed.claims > 1):
+            # A foreground run whose worker died lost its client with it: record it as cancelled.
+            await self._commit_alone(run, "cancelled")
+            return
+        sampling = fact["sampling"]
+        params = SamplingParams(
+            max_new_tokens=max(1, sampling["max_new_tokens"] - len(tokens)) if tokens else sampling["max_new_tokens"],
+            temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
+            top_logprobs=sampling["top_logprobs"], stop_token_ids=self.runtime.chat_format.stop_token_ids(),
+        )
+        try:
+            await self._in_engine(self.runtime.engine.add_sequence, rid, fact["prompt_token_ids"], params,
+                                  constraint, tokens)
+        except EngineError as exc:
+            await self._commit_alone(run, "failed", {"code": "context_length_exceeded", "message": str(exc)})
+            return
+        self.active[rid] = run
+        if run.pending:
+            write = run.write()
+            run.record(write, [])
+            await self._commit([write])
+
+    async def _step(self) -> None:
+        for run in [r for r in self.active.values() if r.cancel_requested]:
+            await self._drop(run.response_id)
+            await self._commit_alone(run, "cancelled")
+        if not self.active:
+            return
+        try:
+            outputs = await self._in_engine(self.runtime.engine.step)
+        except Exception as exc:
+            log.exception("engine step failed")
+            for run in list(self.active.values()):
+                await self._drop(run.response_id)
+                await self._commit_alone(run, "failed", {"code": "server_error", "message": f"engine error: {exc}"})
+            return
+        writes = [self._advance(self.active[rid], output) for rid, output in outputs.items() if rid in self.active]
+        await self._commit(writes)
+
+    def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
+        write = run.write()
+        write.facts.append(("tokens", {"ids": [output.token_id]}))
+        run.generated += 1
+        try:
+            chunks = run.parser.feed(output.token_id)
+        except MalformedOutput as exc:
+            self._forget(run.response_id)
+            run.finish(write, "failed", {"code": "malformed_output", "message": str(exc)})
+            return write
+        run.record(write, run.builder.feed(chunks))
+        if output.finish_reason is not None:
+            self._forget(run.response_id, in_engine=False)
+            run.finish(write, output.finish_reason)
+        return write
+
+    async def _commit(self, writes: list[RunWrite]) -> None:
+        if not writes:
+            return
+        outcome = await recorder.commit_step(self.db, self.owner, writes, lease_seconds=self.settings.lease_seconds)
+        for rid in outcome.lost:
+            log.warning("run %s is no longer ours; dropping it", rid)
+            await self._drop(rid)
+        for rid, cancel in outcome.cancel_requested.items():
+            if cancel and rid in self.active:
+                self.active[rid].cancel_requested = True
+        await self.notifier.publish(w.response_id for w in writes if w.response_id not in outcome.lost)
+
+    async def _commit_alone(self, run: ActiveRun, ending: Ending, error: dict[str, str] | None = None) -> None:
+        write = run.write()
+        run.finish(write, ending, error)
+        await self._commit([write])
+
+    async def _fail_unstarted(self, response_id: str, message: str) -> None:
+        with contextlib.suppress(Exception):
+            async with self.db.connect() as connection:
+                facts = await event_log.read_facts(connection, response_id)
+                logged = [e.payload() for e in await event_log.read_events(connection, response_id)]
+            fact = next(f.data for f in facts if f.kind == "request")
+            builder = StreamBuilder(fact["response"], next_sequence_number=len(logged))
+            projected: dict[str, Any] | None = None
+            for event in logged:
+                projected = apply(projected, event)
+            assert projected is not None
+            run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), projected, 0)
+            await self._commit_alone(run, "failed", {"code": "server_error", "message": message})
+
+    def _forget(self, response_id: str, *, in_engine: bool = True) -> None:
+        self.active.pop(response_id, None)
+        if in_engine:
+            self._engine_thread.submit(self.runtime.engine.remove_sequence, response_id)
+
+    async def _drop(self, response_id: str) -> None:
+        self.active.pop(response_id, None)
+        await self._in_engine(self.runtime.engine.remove_sequence, response_id)
+
+    async def _heartbeat(self) -> None:
+        """Renew leases between commits (long prefills) and notice cancels and lost runs."""
+        while not self._stopping:
+            await asyncio.sleep(self.settings.lease_seconds / 3)
+            if not self.active:
+                continue
+            with contextlib.suppress(Exception):
+                async with self.db.begin() as connection:
+                    owned = await leases.fence(connection, self.owner, list(self.active),
+                                               lease_seconds=self.settings.lease_seconds)
+                for rid, cancel in owned.items():
+                    if cancel and rid in self.active:
+                        self.active[rid].cancel_requested = True
+                        self.wake()
+
+
+def sampling_fact(*, max_new_tokens: int, temperature: float, top_p: float, seed: int,
+                  top_logprobs: int) -> dict[str, Any]:
+    return {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
+            "top_logprobs": top_logprobs}
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,63 @@
+"""Async engine factory and migrations. SQLite runs in WAL mode with a busy timeout;
+PostgreSQL goes through asyncpg."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def create_engine(url: str) -> AsyncEngine:
+    if is_sqlite(url):
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _sqlite_begin_immediate(connection: Any) -> None:
+            # Take the write lock at BEGIN: read-then-write transactions never deadlock on upgrade.
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+        # pysqlite's own transaction handling must be off for the explicit BEGIN above.
+        @event.listens_for(engine.sync_engine, "connect", insert=True)
+        def _sqlite_autocommit_off(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+
+        return engine
+    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+
+
+def alembic_config(url: str) -> Config:
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def migrate_sync(url: str) -> None:
+    command.upgrade(alembic_config(url), "head")
+
+
+async def migrate(url: str) -> None:
+    # Alembic's env.py runs its own event loop; give it a thread.
+    await asyncio.to_thread(migrate_sync, url)

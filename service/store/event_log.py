@@ -1,0 +1,141 @@
+"""The append-only logs: client-visible `events` and internal `run_facts`.
+
+Appends take a connection so that callers group a whole engine step (all runs'
+events, facts, projection updates and lease checks) into one transaction.
+On PostgreSQL an advisory transaction lock serialises appenders, so positions are
+assigned in commit order and a reader tailing by position never skips an id that
+commits later (the same trick as eventsourcing's table lock).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.store.schema import events, run_facts
+
+APPEND_LOCK_ID = 7_243_002
+
+
+class SequenceConflict(Exception):
+    """Another writer already appended one of these sequence numbers: we are not the run's owner."""
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    position: int
+    response_id: str
+    sequence_number: int
+    type: str
+    data: str  # the event JSON exactly as sent to clients
+
+    def payload(self) -> dict[str, Any]:
+        parsed: dict[str, Any] = json.loads(self.data)
+        return parsed
+
+
+@dataclass(frozen=True)
+class StoredFact:
+    position: int
+    response_id: str
+    kind: str
+    data: dict[str, Any]
+
+
+def encode(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+async def lock_for_append(connection: AsyncConnection) -> None:
+    if connection.dialect.name == "postgresql":
+        await connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": APPEND_LOCK_ID})
+
+
+async def append_events(connection: AsyncConnection, response_id: str, stream_events: Sequence[dict[str, Any]]) -> int:
+    """Append one response's client events; returns the position of the last one (0 if none).
+
+    The caller has called lock_for_append in this transaction. A duplicate
+    (response_id, sequence_number) raises SequenceConflict and the transaction must roll back.
+    """
+    if not stream_events:
+        return 0
+    now = datetime.now(UTC)
+    rows = [
+        {"response_id": response_id, "sequence_number": event["sequence_number"], "type": event["type"],
+         "data": encode(event), "created_at": now}
+        for event in stream_events
+    ]
+    try:
+        result = await connection.execute(sa.insert(events).returning(events.c.position), rows)
+    except IntegrityError as exc:
+        raise SequenceConflict(f"sequence numbers of {response_id} already taken") from exc
+    return max(row[0] for row in result)
+
+
+async def append_fact(connection: AsyncConnection, response_id: str, kind: str, data: dict[str, Any]) -> None:
+    await connection.execute(
+        sa.insert(run_facts).values(response_id=response_id, kind=kind, data=encode(data), created_at=datetime.now(UTC))
+    )
+
+
+async def append_facts(connection: AsyncConnection, rows: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+    if rows:
+        now = datetime.now(UTC)
+        await connection.execute(
+            sa.insert(run_facts),
+            [{"response_id": rid, "kind": kind, "data": encode(data), "created_at": now} for rid, kind, data in rows],
+        )
+
+
+async def read_events(
+    connection: AsyncConnection, response_id: str, *, after: int = -1, limit: int | None = None
+) -> list[StoredEvent]:
+    """Events of one response with sequence_number > after, in order."""
+    query = (
+        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        .where(events.c.response_id == response_id, events.c.sequence_number > after)
+        .order_by(events.c.sequence_number)
+    )
+    if limit is not None:
+        query = query.limit(limit)
+    return [StoredEvent(*row) for row in await connection.execute(query)]
+
+
+async def read_all_events(connection: AsyncConnection, *, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+    """The whole log in position order (catch-up runners, rebuilds)."""
+    query = (
+        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        .where(events.c.position > after_position)
+        .order_by(events.c.position)
+        .limit(limit)
+    )
+    return [StoredEvent(*row) for row in await connection.execute(query)]
+
+
+async def read_facts(connection: AsyncConnection, response_id: str) -> list[StoredFact]:
+    query = (
+        sa.select(run_facts.c.position, run_facts.c.response_id, run_facts.c.kind, run_facts.c.data)
+        .where(run_facts.c.response_id == response_id)
+        .order_by(run_facts.c.position)
+    )
+    return [StoredFact(p, r, k, json.loads(d)) for p, r, k, d in await connection.execute(query)]
+
+
+async def last_sequence_number(connection: AsyncConnection, response_id: str) -> int:
+    """-1 when the response has no events."""
+    value = await connection.scalar(
+        sa.select(sa.func.max(events.c.sequence_number)).where(events.c.response_id == response_id)
+    )
+    return -1 if value is None else int(value)
+
+
+async def delete_log(connection: AsyncConnection, response_id: str) -> None:
+    await connection.execute(sa.delete(events).where(events.c.response_id == response_id))
+    await connection.execute(sa.delete(run_facts).where(run_facts.c.response_id == response_id))

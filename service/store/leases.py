@@ -1,0 +1,111 @@
+"""The `runs` table: who owns a run and until when. Operational state, not a projection.
+
+Every write a worker makes for a run goes through `fence` in the same transaction,
+which renews the lease only where the worker still owns the run; a stale owner
+learns it lost the run before it can append anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.store.schema import runs
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    response_id: str
+    background: bool
+    cancel_requested: bool
+    claims: int  # how many times the run has been claimed, this claim included
+
+
+async def enqueue(connection: AsyncConnection, response_id: str, *, background: bool, owner: str | None,
+                  lease_seconds: float) -> None:
+    now = time.time()
+    await connection.execute(
+        sa.insert(runs).values(
+            response_id=response_id, background=background, done=False, owner=owner,
+            lease_expires_at=(now + lease_seconds) if owner else None, cancel_requested=False,
+            claims=1 if owner else 0, enqueued_at=now,
+        )
+    )
+
+
+async def claim(connection: AsyncConnection, owner: str, *, lease_seconds: float, limit: int,
+                cancelled_only: bool = False) -> list[ClaimedRun]:
+    """Take up to `limit` unowned or expired runs, oldest first. Safe across replicas on PostgreSQL."""
+    now = time.time()
+    query = (
+        sa.select(runs.c.response_id, runs.c.background, runs.c.cancel_requested, runs.c.claims)
+        .where(runs.c.done.is_(False), sa.or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now))
+        .order_by(runs.c.enqueued_at, runs.c.response_id)
+        .limit(limit)
+    )
+    if cancelled_only:
+        query = query.where(runs.c.cancel_requested.is_(True))
+    if connection.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = list(await connection.execute(query))
+    claimed = []
+    for response_id, background, cancel_requested, claims in rows:
+        result = await connection.execute(
+            sa.update(runs)
+            .where(runs.c.response_id == response_id, runs.c.done.is_(False),
+                   sa.or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now))
+            .values(owner=owner, lease_expires_at=now + lease_seconds, claims=runs.c.claims + 1)
+        )
+        if result.rowcount == 1:
+            claimed.append(ClaimedRun(response_id, bool(background), bool(cancel_requested), int(claims) + 1))
+    return claimed
+
+
+async def fence(connection: AsyncConnection, owner: str, response_ids: Sequence[str], *,
+                lease_seconds: float) -> dict[str, bool]:
+    """Renew the lease of each run `owner` still holds; returns {response_id: cancel_requested} for those."""
+    if not response_ids:
+        return {}
+    result = await connection.execute(
+        sa.update(runs)
+        .where(runs.c.owner == owner, runs.c.response_id.in_(list(response_ids)), runs.c.done.is_(False))
+        .values(lease_expires_at=time.time() + lease_seconds)
+        .returning(runs.c.response_id, runs.c.cancel_requested)
+    )
+    return {response_id: bool(cancel) for response_id, cancel in result}
+
+
+async def mark_done(connection: AsyncConnection, response_id: str) -> None:
+    await connection.execute(
+        sa.update(runs).where(runs.c.response_id == response_id).values(done=True, owner=None, lease_expires_at=None)
+    )
+
+
+async def release(connection: AsyncConnection, owner: str, response_ids: Sequence[str]) -> None:
+    """Hand runs back (graceful shutdown): another worker may claim them at once."""
+    if response_ids:
+        await connection.execute(
+            sa.update(runs)
+            .where(runs.c.owner == owner, runs.c.response_id.in_(list(response_ids)))
+            .values(owner=None, lease_expires_at=None)
+        )
+
+
+async def request_cancel(connection: AsyncConnection, response_id: str) -> None:
+    await connection.execute(sa.update(runs).where(runs.c.response_id == response_id).values(cancel_requested=True))
+
+
+async def get_run(connection: AsyncConnection, response_id: str) -> sa.Row[tuple[str, bool, bool, str | None]] | None:
+    row = (await connection.execute(
+        sa.select(runs.c.response_id, runs.c.background, runs.c.done, runs.c.owner)
+        .where(runs.c.response_id == response_id)
+    )).first()
+    return row
+
+
+async def delete_run(connection: AsyncConnection, response_id: str) -> None:
+    await connection.execute(sa.delete(runs).where(runs.c.response_id == response_id))

@@ -1,0 +1,60 @@
+"""Rebuilding the projections from the logs, and reading one response's whole record."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from service.projection import finished_output_items, project
+from service.store import event_log, read_models
+from service.store.db import create_engine, migrate
+
+
+async def rebuild_projections(database_url: str) -> int:
+    """Drop and refold `responses` and `conversation_items` from `events` and `run_facts`, in one transaction."""
+    await migrate(database_url)
+    db = create_engine(database_url)
+    try:
+        async with db.begin() as connection:
+            await event_log.lock_for_append(connection)
+            grouped: dict[str, list[event_log.StoredEvent]] = defaultdict(list)
+            after = 0
+            while batch := await event_log.read_all_events(connection, after_position=after, limit=5000):
+                for stored in batch:
+                    grouped[stored.response_id].append(stored)
+                after = batch[-1].position
+            await read_models.clear_all(connection)
+            for response_id, stored_events in grouped.items():
+                stored_events.sort(key=lambda e: e.sequence_number)
+                payloads = [e.payload() for e in stored_events]
+                facts = await event_log.read_facts(connection, response_id)
+                request = next(f.data for f in facts if f.kind == "request")
+                response = project(payloads)
+                await read_models.insert_response(connection, response,
+                                                  position=max(e.position for e in stored_events))
+                await read_models.insert_items(connection, response_id, request["prompt_items"][
+                    len(request["prompt_items"]) - request["input_item_count"]:], source="input", first_ordinal=0)
+                for index, item in _indexed_output(payloads):
+                    await read_models.insert_items(connection, response_id, [item], source="output",
+                                                   first_ordinal=request["input_item_count"] + index)
+        return len(grouped)
+    finally:
+        await db.dispose()
+
+
+def _indexed_output(payloads: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    indices = sorted(e["output_index"] for e in payloads if e["type"] == "response.output_item.done")
+    return list(zip(indices, finished_output_items(payloads), strict=True))
+
+
+async def inspect_response(database_url: str, response_id: str) -> dict[str, Any]:
+    db = create_engine(database_url)
+    try:
+        async with db.connect() as connection:
+            return {
+                "response": await read_models.get_response(connection, response_id),
+                "facts": [{"kind": f.kind, "data": f.data} for f in await event_log.read_facts(connection, response_id)],
+                "events": [e.payload() for e in await event_log.read_events(connection, response_id)],
+            }
+    finally:
+        await db.dispose()

@@ -1,0 +1,140 @@
+"""Transactions that span the logs, the projections and the run table.
+
+Each public function is one database transaction: a command (create, cancel, delete)
+or one engine step of every run a worker owns (group commit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.projection import finished_output_items
+from service.store import event_log, leases, read_models
+
+
+@dataclass
+class RunWrite:
+    """What one run adds in one step."""
+
+    response_id: str
+    facts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (kind, data)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    # The run's projected Response after these events, when the row should be refreshed.
+    projection: dict[str, Any] | None = None
+    output_ordinal_base: int = 0  # ordinal of output item 0 in conversation_items
+    terminal: bool = False
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    cancel_requested: dict[str, bool]  # runs this worker still owns
+    lost: set[str]  # runs whose writes were dropped: another owner, deleted, or a sequence conflict
+
+
+async def create_response(
+    engine: AsyncEngine, *, request_fact: dict[str, Any], created_event: dict[str, Any],
+    response: dict[str, Any], input_items: Sequence[dict[str, Any]], background: bool,
+    owner: str | None, lease_seconds: float,
+) -> None:
+    response_id = response["id"]
+    async with engine.begin() as connection:
+        await event_log.lock_for_append(connection)
+        await event_log.append_fact(connection, response_id, "request", request_fact)
+        position = await event_log.append_events(connection, response_id, [created_event])
+        await read_models.insert_response(connection, response, position=position)
+        await read_models.insert_items(connection, response_id, input_items, source="input", first_ordinal=0)
+        await leases.enqueue(connection, response_id, background=background, owner=owner, lease_seconds=lease_seconds)
+
+
+async def commit_step(engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], *,
+                      lease_seconds: float) -> StepOutcome:
+    """Append every run's step in one transaction; a run that lost its lease is skipped, and a
+    sequence conflict (a rival owner got there first) drops only that run."""
+    try:
+        return await _commit(engine, owner, writes, lease_seconds)
+    except event_log.SequenceConflict:
+        pass
+    # Isolate the conflicting run(s): commit each run alone.
+    cancels: dict[str, bool] = {}
+    lost: set[str] = set()
+    for write in writes:
+        try:
+            outcome = await _commit(engine, owner, [write], lease_seconds)
+        except event_log.SequenceConflict:
+            lost.add(write.response_id)
+            continue
+        cancels.update(outcome.cancel_requested)
+        lost |= outcome.lost
+    return StepOutcome(cancels, lost)
+
+
+async def _commit(engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], lease_seconds: float) -> StepOutcome:
+    async with engine.begin() as connection:
+        await event_log.lock_for_append(connection)
+        owned = await leases.fence(connection, owner, [w.response_id for w in writes], lease_seconds=lease_seconds)
+        lost = {w.response_id for w in writes} - owned.keys()
+        for write in writes:
+            if write.response_id in lost:
+                continue
+            await _apply_write(connection, write)
+    return StepOutcome(owned, lost)
+
+
+async def _apply_write(connection: Any, write: RunWrite) -> None:
+    rid = write.response_id
+    await event_log.append_facts(connection, [(rid, kind, data) for kind, data in write.facts])
+    position = await event_log.append_events(connection, rid, write.events)
+    done_items = finished_output_items(write.events)
+    if done_items:
+        indices = [e["output_index"] for e in write.events if e["type"] == "response.output_item.done"]
+        for index, item in zip(sorted(indices), done_items, strict=True):
+            await read_models.insert_items(connection, rid, [item], source="output",
+                                           first_ordinal=write.output_ordinal_base + index)
+    if write.projection is not None and position:
+        await read_models.update_response(connection, write.projection, position=position)
+    if write.terminal:
+        await leases.mark_done(connection, rid)
+
+
+async def finish_unstarted(engine: AsyncEngine, owner: str, write: RunWrite, *, lease_seconds: float) -> bool:
+    """Commit a terminal write for a run that never generated (e.g. cancelled while queued)."""
+    outcome = await commit_step(engine, owner, [write], lease_seconds=lease_seconds)
+    return write.response_id not in outcome.lost
+
+
+async def request_cancel(engine: AsyncEngine, response_id: str) -> None:
+    async with engine.begin() as connection:
+        await event_log.append_fact(connection, response_id, "cancel_requested", {})
+        await leases.request_cancel(connection, response_id)
+
+
+async def release(engine: AsyncEngine, owner: str, response_ids: Sequence[str]) -> None:
+    async with engine.begin() as connection:
+        await leases.release(connection, owner, response_ids)
+
+
+async def delete_response(engine: AsyncEngine, response_id: str) -> bool:
+    async with engine.begin() as connection:
+        await event_log.lock_for_append(connection)
+        if not await read_models.exists(connection, response_id):
+            return False
+        await _delete(connection, response_id)
+        return True
+
+
+async def delete_finished_unstored(engine: AsyncEngine) -> None:
+    """store=false responses are kept only until their client has read the end; after a crash, sweep them."""
+    async with engine.begin() as connection:
+        await event_log.lock_for_append(connection)
+        for response_id in await read_models.finished_unstored(connection):
+            await _delete(connection, response_id)
+
+
+async def _delete(connection: Any, response_id: str) -> None:
+    await event_log.delete_log(connection, response_id)
+    await read_models.delete_projections(connection, response_id)
+    await leases.delete_run(connection, response_id)

@@ -1,0 +1,107 @@
+"""Table definitions. The names are a user interface (people query them with sqlite3/psql):
+keep them stable and documented in the README's "SQL inspection" section.
+
+- `events`: exactly the client-visible stream events, `data` = the event JSON as sent.
+- `run_facts`: what else a run needs to be rebuilt or resumed (request, prompt token ids,
+  sampled token ids, cancel requests). Never sent to clients.
+- `runs`: operational state of a run: owner and lease (not a projection; leases are not facts).
+- `responses`, `conversation_items`: projections, rebuildable from the two logs.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# BigInteger autoincrement is not rowid on SQLite; the variant keeps one definition for both.
+Position = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("position", Position, primary_key=True, autoincrement=True),
+    sa.Column("response_id", sa.String(64), nullable=False),
+    sa.Column("sequence_number", sa.Integer, nullable=False),
+    sa.Column("type", sa.String(80), nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("response_id", "sequence_number", name="uq_events_response_sequence"),
+)
+
+run_facts = sa.Table(
+    "run_facts",
+    metadata,
+    sa.Column("position", Position, primary_key=True, autoincrement=True),
+    sa.Column("response_id", sa.String(64), nullable=False, index=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("response_id", sa.String(64), primary_key=True),
+    sa.Column("background", sa.Boolean, nullable=False),
+    sa.Column("done", sa.Boolean, nullable=False, default=False),
+    sa.Column("owner", sa.String(128), nullable=True),
+    sa.Column("lease_expires_at", sa.Float, nullable=True),  # unix seconds
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
+    sa.Column("claims", sa.Integer, nullable=False, default=0),
+    sa.Column("enqueued_at", sa.Float, nullable=False),
+    sa.Index("ix_runs_claimable", "done", "enqueued_at"),
+)
+
+responses = sa.Table(
+    "responses",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("completed_at", sa.Float, nullable=True),
+    sa.Column("previous_response_id", sa.String(64), nullable=True, index=True),
+    sa.Column("background", sa.Boolean, nullable=False),
+    sa.Column("store", sa.Boolean, nullable=False),
+    sa.Column("input_tokens", sa.Integer, nullable=True),
+    sa.Column("output_tokens", sa.Integer, nullable=True),
+    sa.Column("response", sa.Text, nullable=False),  # the projected Response JSON
+    sa.Column("last_position", sa.BigInteger, nullable=False),  # events.position folded so far
+)
+
+conversation_items = sa.Table(
+    "conversation_items",
+    metadata,
+    sa.Column("response_id", sa.String(64), primary_key=True),
+    sa.Column("ordinal", sa.Integer, primary_key=True),  # inputs first, then outputs, in order
+    sa.Column("source", sa.String(8), nullable=False),  # 'input' | 'output'
+    sa.Column("item_id", sa.String(64), nullable=False),
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("role", sa.String(16), nullable=True),
+    sa.Column("text", sa.Text, nullable=True),
+    sa.Column("data", sa.Text, nullable=False),
+)
+
+# A chain of responses linked by previous_response_id, one row per (response, ancestor-or-self).
+RESPONSE_CHAIN_VIEW = """
+CREATE VIEW response_chain AS
+WITH RECURSIVE chain(response_id, ancestor_id, depth) AS (
+    SELECT id, id, 0 FROM responses
+    UNION ALL
+    SELECT chain.response_id, r.previous_response_id, chain.depth + 1
+    FROM chain JOIN responses r ON r.id = chain.ancestor_id
+    WHERE r.previous_response_id IS NOT NULL
+)
+SELECT response_id, ancestor_id, depth FROM chain
+"""
+
+# The whole conversation behind a response as plain rows, oldest first:
+#   SELECT role, text FROM conversation_messages WHERE conversation_id = 'resp_…' ORDER BY turn, ordinal;
+CONVERSATION_MESSAGES_VIEW = """
+CREATE VIEW conversation_messages AS
+SELECT c.response_id AS conversation_id,
+       (SELECT MAX(c2.depth) FROM response_chain c2 WHERE c2.response_id = c.response_id) - c.depth AS turn,
+       i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id
+FROM response_chain c JOIN conversation_items i ON i.response_id = c.ancestor_id
+"""

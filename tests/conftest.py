@@ -1,0 +1,168 @@
+"""Shared fixtures: databases (SQLite files and the running PostgreSQL), the built-in model,
+and real server processes started with `python -m service serve` on loopback ports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN_DSN = os.environ.get("TEST_POSTGRES_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_URL_TEMPLATE = os.environ.get("TEST_POSTGRES_URL_TEMPLATE", "postgresql+asyncpg://postgres@127.0.0.1:5432/{db}")
+MODEL_CACHE = Path(os.environ.get("SERVICE_MODEL_CACHE", ROOT / ".cache" / "models"))
+
+
+def _postgres_reachable() -> str | None:
+    import asyncpg
+
+    async def probe() -> None:
+        connection = await asyncpg.connect(PG_ADMIN_DSN, timeout=3)
+        await connection.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:  # noqa: BLE001
+        return f"PostgreSQL not reachable at {PG_ADMIN_DSN}: {exc}"
+    return None
+
+
+_PG_SKIP_REASON = _postgres_reachable()
+
+
+def create_postgres_database() -> tuple[str, str]:
+    """A fresh, empty database; returns (its SQLAlchemy URL, its name)."""
+    import asyncpg
+
+    name = f"svc_test_{secrets.token_hex(6)}"
+
+    async def create() -> None:
+        connection = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await connection.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await connection.close()
+
+    asyncio.run(create())
+    return PG_URL_TEMPLATE.format(db=name), name
+
+
+def drop_postgres_database(name: str) -> None:
+    import asyncpg
+
+    async def drop() -> None:
+        connection = await asyncpg.connect(PG_ADMIN_DSN)
+        try:
+            await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await connection.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """One empty database per test, on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
+        return
+    if _PG_SKIP_REASON:
+        pytest.skip(_PG_SKIP_REASON)
+    url, name = create_postgres_database()
+    try:
+        yield url
+    finally:
+        drop_postgres_database(name)
+
+
+@pytest.fixture(scope="session")
+def builtin_model_dir() -> Path:
+    from service.engine.model_dir import ensure_builtin_model
+
+    return ensure_builtin_model(MODEL_CACHE, progress=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """`python -m service serve` in a subprocess, as a user would run it."""
+
+    def __init__(self, database_url: str, log_path: Path, **env: str) -> None:
+        self.database_url = database_url
+        self.log_path = log_path
+        self.env = env
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90) -> ServerProcess:
+        env = {**os.environ, "SERVICE_DATABASE_URL": self.database_url, "SERVICE_MODEL_CACHE": str(MODEL_CACHE),
+               "SERVICE_INTRA_OP_THREADS": "1", "SERVICE_LEASE_SECONDS": "3", "SERVICE_CLAIM_INTERVAL_SECONDS": "0.3",
+               "SERVICE_POLL_INTERVAL_SECONDS": "0.2", **self.env}
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log_path}:\n"
+                                   + self.log_path.read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not start in {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """kill -9: no shutdown hooks, leases stay held until they expire."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path, builtin_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
+    servers: list[ServerProcess] = []
+
+    def make(database_url: str, **env: str) -> ServerProcess:
+        server = ServerProcess(database_url, tmp_path / f"server-{len(servers)}.log", **env)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

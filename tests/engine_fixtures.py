@@ -1,0 +1,84 @@
+"""Shared builders for the engine tests: small random models, built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.engine.base import SamplingParams
+from service.engine.builder import build_random_decoder
+from service.engine.config import DecoderConfig
+from service.engine.onnx_engine import OnnxEngine
+
+SMALL = DecoderConfig(
+    vocab_size=1000,
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    max_position=128,
+    tie_embeddings=False,
+)
+SMALL_TIED = DecoderConfig(**{**SMALL.to_dict(), "tie_embeddings": True})
+SEED = 7
+
+
+@pytest.fixture(scope="session")
+def small_fp32_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fp32") / "m"
+    return build_random_decoder(out, SMALL, SEED, quantize=False, graph="standard", all_logits=True)
+
+
+@pytest.fixture(scope="session")
+def small_tied_fp32_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tied") / "m"
+    return build_random_decoder(out, SMALL_TIED, SEED, quantize=False, graph="standard", all_logits=True)
+
+
+@pytest.fixture(scope="session")
+def small_int8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Standard ops, int8 via quantize_dynamic (the path user-brought models take)."""
+    return build_random_decoder(tmp_path_factory.mktemp("int8") / "m", SMALL, SEED, quantize=True, graph="standard")
+
+
+@pytest.fixture(scope="session")
+def contrib_fp32_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_decoder(tmp_path_factory.mktemp("cfp32") / "m", SMALL, SEED, quantize=False)
+
+
+@pytest.fixture(scope="session")
+def contrib_int8_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GroupQueryAttention + MatMulNBits int8 (the built-in model's graph)."""
+    return build_random_decoder(tmp_path_factory.mktemp("cint8") / "m", SMALL, SEED, quantize=True)
+
+
+@pytest.fixture(params=["standard", "contrib"])
+def engine(request: pytest.FixtureRequest) -> OnnxEngine:
+    fixture = "small_int8_dir" if request.param == "standard" else "contrib_int8_dir"
+    return OnnxEngine(request.getfixturevalue(fixture), intra_op_threads=1)
+
+
+def run_to_end(engine: OnnxEngine) -> dict[str, list[int]]:
+    """Step until no sequence is active; the tokens each produced."""
+    out: dict[str, list[int]] = {}
+    for _ in range(10_000):
+        if not engine.active_sequence_ids():
+            return out
+        for seq_id, tok in engine.step().items():
+            out.setdefault(seq_id, []).append(tok.token_id)
+    raise AssertionError("engine never finished")
+
+
+def prompt(n: int, start: int = 3) -> list[int]:
+    return [(start + 37 * i) % SMALL.vocab_size for i in range(n)]
+
+
+def greedy(max_new: int = 20, **kw: object) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new, temperature=0.0, **kw)  # type: ignore[arg-type]
+
+
+__all__ = ["np", "SMALL", "SMALL_TIED", "SEED", "run_to_end", "prompt", "greedy"]

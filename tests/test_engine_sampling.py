@@ -1,0 +1,96 @@
+"""Sampling: greedy, filters, constraint masks, and draws that depend only on (seed, token index)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.engine.base import SamplingParams
+from service.engine.sampling import draw_uniform, sample
+
+V = 5000
+
+
+def _logits(seed: int = 0, scale: float = 2.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(V) * scale).astype(np.float32)
+
+
+def _p(**kw: object) -> SamplingParams:
+    return SamplingParams(max_new_tokens=10, **kw)  # type: ignore[arg-type]
+
+
+def test_greedy_is_argmax_with_logprob() -> None:
+    logits = _logits()
+    out = sample(logits, _p(temperature=0.0, top_logprobs=3), token_index=0)
+    assert out.token_id == int(np.argmax(logits))
+    ref = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    assert abs(out.logprob - ref[out.token_id]) < 1e-5
+    assert [t for t, _ in out.top_logprobs] == list(np.argsort(-logits)[:3])
+    assert all(abs(lp - ref[t]) < 1e-5 for t, lp in out.top_logprobs)
+
+
+def test_same_seed_and_index_same_token() -> None:
+    logits = _logits()
+    params = _p(temperature=1.0, seed=42)
+    a = [sample(logits, params, i).token_id for i in range(50)]
+    b = [sample(logits, params, i).token_id for i in range(50)]
+    assert a == b
+    assert len(set(a)) > 10  # draws differ across token indices
+    other = [sample(logits, _p(temperature=1.0, seed=43), i).token_id for i in range(50)]
+    assert other != a
+
+
+def test_draw_depends_only_on_seed_and_index() -> None:
+    # Order of calls and what was drawn before do not matter: a resumed run redraws the same.
+    forward = [draw_uniform(9, i) for i in range(20)]
+    backward = [draw_uniform(9, i) for i in reversed(range(20))][::-1]
+    assert forward == backward
+    logits = _logits()
+    params = _p(temperature=0.8, seed=9)
+    assert sample(logits, params, 17).token_id == sample(logits, params, 17).token_id
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.2, 0.0] + [0.0] * 4, dtype=np.float64) + 1e-30).astype(np.float32)
+    counts = np.bincount([sample(logits, _p(seed=1), i).token_id for i in range(4000)], minlength=8)
+    np.testing.assert_allclose(counts[:3] / 4000, [0.5, 0.3, 0.2], atol=0.03)
+    assert counts[3:].sum() == 0
+
+
+def test_top_k_restricts() -> None:
+    logits = _logits(scale=0.5)
+    top = set(np.argsort(-logits)[:5].tolist())
+    drawn = {sample(logits, _p(top_k=5, seed=3), i).token_id for i in range(300)}
+    assert drawn <= top and len(drawn) >= 4
+
+
+def test_top_p_restricts_to_nucleus() -> None:
+    logits = _logits(scale=3.0)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs)
+    nucleus = set(order[: int(np.searchsorted(np.cumsum(probs[order]), 0.5)) + 1].tolist())
+    drawn = {sample(logits, _p(top_p=0.5, seed=4), i).token_id for i in range(500)}
+    assert drawn <= nucleus and len(drawn) > 1
+
+
+def test_top_p_on_flat_distribution() -> None:
+    logits = _logits(scale=0.1)  # nucleus larger than the prefetched 1024 best tokens
+    drawn = {sample(logits, _p(top_p=0.9, seed=5), i).token_id for i in range(300)}
+    worst = set(np.argsort(logits)[: V // 20].tolist())  # bottom 5% is outside a 90% nucleus
+    assert not drawn & worst and len(drawn) > 200
+
+
+def test_constraint_mask_obeyed() -> None:
+    logits = _logits()
+    allowed = np.array([11, 22, 33])
+    for params in (_p(temperature=0.0), _p(seed=1), _p(top_k=2, seed=2), _p(top_p=0.3, seed=3)):
+        for i in range(50):
+            assert sample(logits, params, i, allowed).token_id in {11, 22, 33}
+
+
+def test_temperature_sharpens() -> None:
+    logits = _logits(scale=1.0)
+    best = int(np.argmax(logits))
+    cold = sum(sample(logits, _p(temperature=0.05, seed=1), i).token_id == best for i in range(200))
+    hot = sum(sample(logits, _p(temperature=1.0, seed=1), i).token_id == best for i in range(200))
+    assert cold > 150 and hot < 50
