@@ -34,11 +34,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         import uvicorn
 
-        from service.app import create_app
+        from service.app import begin_drain, create_app
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=5)
+        app = create_app(settings)
+
+        class DrainingServer(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: object) -> None:
+                asyncio.get_event_loop().create_task(begin_drain(app))
+                super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=10)
+        DrainingServer(config).run()
         return 0
     if args.command == "migrate":
         from service.store.db import migrate_sync

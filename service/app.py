@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state = app.state
         state.settings, state.db, state.runtime, state.notifier = settings, db, model, notifier
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
+        state.draining = asyncio.Event()
         state.commands = Commands(db, model, supervisor, notifier, settings)
         await supervisor.start()
         try:
@@ -61,6 +63,16 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         middleware=[Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error},
     )
+
+
+async def begin_drain(app: Starlette) -> None:
+    """SIGTERM: end SSE tails cleanly and hand runs back at once, before connections are closed."""
+    state = app.state
+    if not hasattr(state, "draining") or state.draining.is_set():
+        return
+    state.draining.set()
+    state.notifier.wake_all()
+    await state.supervisor.stop()
 
 
 async def _api_error(_request: Request, exc: Exception) -> Response:

@@ -48,3 +48,11 @@ class Unauthorized(ApiError):
 class ServerError(ApiError):
     status_code = 500
     error_type = "server_error"
+
+
+class ShuttingDown(ApiError):
+    status_code = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="shutting_down")

@@ -31,6 +31,12 @@ class Notifier:
         for listener in self._listeners:
             listener(ids)
 
+    def wake_all(self) -> None:
+        """Wake every waiter (shutdown: SSE tails re-check and end)."""
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.set()
+
     def add_listener(self, listener: Callable[[list[str]], None]) -> None:
         """Called with the ids of every batch (used by the run supervisor to see cancels and new runs)."""
         self._listeners.append(listener)

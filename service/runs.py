@@ -109,6 +109,8 @@ class RunSupervisor:
 
     async def stop(self) -> None:
         """Stop stepping and hand owned runs back so another worker continues them at once."""
+        if self._stopping:
+            return
         self._stopping = True
         self._wake.set()
         for task in self._tasks:
@@ -200,7 +202,7 @@ class RunSupervisor:
             return
         sampling = fact["sampling"]
         params = SamplingParams(
-            max_new_tokens=max(1, sampling["max_new_tokens"] - len(tokens)) if tokens else sampling["max_new_tokens"],
+            max_new_tokens=sampling["max_new_tokens"],  # the engine counts the replayed tokens too
             temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
             top_logprobs=sampling["top_logprobs"], stop_token_ids=self.runtime.chat_format.stop_token_ids(),
         )

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from service.commands import Commands
-from service.errors import InvalidRequest, NotFound, PayloadTooLarge
+from service.errors import InvalidRequest, NotFound, PayloadTooLarge, ShuttingDown
 from service.http.sse import sse_frame, tail_events
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
 from service.store import event_log, read_models
@@ -62,7 +62,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
     async def consume() -> dict[str, Any]:
         last: dict[str, Any] = {}
         async for stored in tail_events(state.db, state.notifier, response_id, after=-1,
-                                        poll_interval=state.settings.poll_interval_seconds):
+                                        poll_interval=state.settings.poll_interval_seconds, draining=state.draining):
             last = stored.payload()  # tail_events ends at the terminal event
         return last
 
@@ -75,6 +75,8 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
         await commands.cancel_foreground(response_id)
         return Response(status_code=499)
     terminal = consumer.result()
+    if "response" not in terminal and state.draining.is_set():
+        raise ShuttingDown("The server is shutting down; retrieve the response by its id from another replica.")
     if "response" not in terminal:
         raise NotFound(f"Response with id '{response_id}' was deleted while it ran.", param="response_id")
     if forget_at_end:
@@ -96,7 +98,7 @@ def _stream(request: Request, response_id: str, *, after: int, cancel_on_disconn
         finished = False
         try:
             async for stored in tail_events(state.db, state.notifier, response_id, after=after,
-                                            poll_interval=state.settings.poll_interval_seconds):
+                                            poll_interval=state.settings.poll_interval_seconds, draining=state.draining):
                 yield sse_frame(stored)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -13,12 +14,13 @@ from service.store.event_log import StoredEvent
 
 
 async def tail_events(db: AsyncEngine, notifier: Notifier, response_id: str, *, after: int,
-                      poll_interval: float) -> AsyncIterator[StoredEvent]:
+                      poll_interval: float, draining: asyncio.Event | None = None) -> AsyncIterator[StoredEvent]:
     """Every event with sequence_number > after, in order, ending with the terminal event
-    (or when the response is deleted). Events are read from the log, so a client never sees
+    (or when the response is deleted, or the server is shutting down: the client resumes
+    elsewhere with starting_after). Events are read from the log, so a client never sees
     one that is not committed."""
     last = after
-    while True:
+    while draining is None or not draining.is_set():
         async with db.connect() as connection:
             batch = await event_log.read_events(connection, response_id, after=last, limit=500)
             gone = not batch and not await read_models.exists(connection, response_id)
