@@ -4,11 +4,19 @@ Threading: add_sequence / step / remove_sequence are called serially from one wo
 (the supervisor's asyncio.to_thread); nothing here locks. ONNX Runtime releases the GIL while
 it computes, so the event loop keeps serving meanwhile.
 
-KV cache: with GroupQueryAttention graphs (ours, onnxruntime-genai's) each sequence owns one
-preallocated [1, kv_heads, max_context, d] buffer per layer and K/V, bound with IO binding as both
-past input and present output, so the cache is written in place and never copied or reallocated
-(buffers are pooled across sequences). With the standard Concat layout (Optimum exports) the cache
-stays as ORT-owned OrtValues passed from present to past, never through numpy.
+KV cache: with GroupQueryAttention graphs (ours, onnxruntime-genai's) the cache is one pooled
+[slots, kv_heads, max_context, d] buffer per layer and K/V (see _SlotPool); each sequence owns one
+slot and the active sequences always hold slots 0..n-1. A run binds the rows it needs by pointer,
+as both past input and present output, so GQA writes the cache in place: nothing is copied per step.
+With the standard Concat layout (Optimum exports) each sequence's cache stays as ORT-owned OrtValues
+passed from present to past, never through numpy.
+
+Batching: with the shared-buffer layout `step()` decodes all active sequences in one run at batch n
+(right-padded attention mask; GQA reads each row's own length from it). Prefill and resume replay
+run at batch 1 in the sequence's slot. MatMulNBits (accuracy_level 4) quantizes activations per row
+block and every other op is row-wise, so a row's logits do not depend on the other rows of the batch;
+tests/test_engine_onnx.py checks this (token-exact), which is what makes a resume at batch 1
+reproduce a run that was decoded batched. The standard layout steps sequences one by one.
 """
 
 from __future__ import annotations
@@ -35,10 +43,50 @@ _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produ
 class _Sequence:
     params: SamplingParams
     constraint: LogitsConstraint | None
-    past: list[ort.OrtValue]
+    past: list[ort.OrtValue]  # standard layout only
     length: int  # tokens in the KV cache
     generated: int  # tokens sampled so far, including those replayed on resume
     logits: np.ndarray  # next-token logits, waiting for the next step
+    slot: int = -1  # shared-buffer layout: the sequence's row in the KV pool
+
+
+class _SlotPool:
+    """One [capacity, kv_heads, max_context, d] array per past tensor; slot i is row i of each.
+
+    Rows are bound to the session by pointer (a contiguous run of rows along axis 0 is one
+    [rows, kv_heads, max_context, d] tensor), so a batch over slots 0..n-1 needs no gather. Arrays
+    come from np.zeros (calloc): pages are committed only as GQA writes them. The pool grows by
+    doubling, copying only each live row's filled prefix."""
+
+    def __init__(self, count: int, kv_heads: int, max_context: int, head_dim: int, dtype: type) -> None:
+        self.row_shape = (kv_heads, max_context, head_dim)
+        self.dtype = np.dtype(dtype)
+        self.count = count
+        self.arrays: list[np.ndarray] = []
+        self.capacity = 0
+
+    def ensure(self, capacity: int, live: list[tuple[int, int]]) -> None:
+        """Room for `capacity` slots; `live` are (slot, filled length) pairs to keep."""
+        if capacity <= self.capacity:
+            return
+        new_cap = max(capacity, 2 * self.capacity, 1)
+        arrays = [np.zeros((new_cap, *self.row_shape), dtype=self.dtype) for _ in range(self.count)]
+        for old, new in zip(self.arrays, arrays, strict=False):
+            for slot, length in live:
+                new[slot, :, :length] = old[slot, :, :length]
+        self.arrays, self.capacity = arrays, new_cap
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        for arr in self.arrays:
+            arr[dst, :, :length] = arr[src, :, :length]
+
+    def bind(self, io: ort.IOBinding, past_names: list[str], present_names: list[str], first: int, rows: int) -> None:
+        shape = [rows, *self.row_shape]
+        offset = first * int(np.prod(self.row_shape)) * self.dtype.itemsize
+        for past, present, arr in zip(past_names, present_names, self.arrays, strict=True):
+            ptr = arr.ctypes.data + offset
+            io.bind_input(past, "cpu", 0, self.dtype.type, shape, ptr)
+            io.bind_output(present, "cpu", 0, self.dtype.type, shape, ptr)  # written in place
 
 
 def default_threads() -> int:
@@ -48,7 +96,7 @@ def default_threads() -> int:
 class OnnxEngine:
     """Implements service.engine.base.Engine over a decoder-with-past ONNX model directory."""
 
-    def __init__(self, model_dir: Path, *, intra_op_threads: int | None = None) -> None:
+    def __init__(self, model_dir: Path, *, intra_op_threads: int | None = None, max_batch: int = 32) -> None:
         self.model_dir = Path(model_dir)
         meta = read_config(self.model_dir)
         self.config = meta.decoder
@@ -64,7 +112,11 @@ class OnnxEngine:
         )
         shared = meta.extra.get("kv_cache") == "shared_buffer" or _genai_shares_buffer(self.model_dir)
         self.layout: GraphLayout = detect_layout(self.session, self.config, shared_buffer=shared)
-        self._pool: list[list[ort.OrtValue]] = []  # free shared KV buffers
+        lay = self.layout
+        self._pool = _SlotPool(len(lay.past_names), lay.kv_heads, self.max_context, lay.head_dim, lay.kv_dtype)
+        self._slots: list[_Sequence] = []  # shared-buffer layout: _slots[i].slot == i
+        # Largest batch one decode run takes (more active sequences run in several batches).
+        self.max_batch = max_batch
         last_only = meta.extra.get("logits") == "last_position"
         self._prefill_chunk = (
             self.max_context if last_only else max(16, _PREFILL_LOGITS_BUDGET // self.config.vocab_size)
@@ -93,26 +145,39 @@ class OnnxEngine:
         vocab = self.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"token id out of range for vocabulary of {vocab}")
-        seq = _Sequence(params, constraint, self._empty_past(), 0, len(generated_ids), np.empty(0, np.float32))
-        # The prompt goes in the same chunks as in the original run and generated tokens one at a time,
-        # as they were decoded: dynamic int8 quantizes activations per call, so only replaying the
-        # same calls reproduces the same logits bit for bit (and so the same draws) after a crash.
-        for start in range(0, len(prompt_ids), self._prefill_chunk):
-            self._forward(seq, list(prompt_ids[start : start + self._prefill_chunk]))
-        for token in generated_ids:
-            self._forward(seq, [token])
+        seq = _Sequence(params, constraint, [], 0, len(generated_ids), np.empty(0, np.float32))
+        self._acquire(seq)
+        try:
+            # The prompt goes in the same chunks as in the original run and generated tokens one at a
+            # time, as they were decoded: dynamic int8 (quantize_dynamic, standard layout) quantizes
+            # activations per tensor per call, so only replaying the same calls reproduces the same
+            # logits bit for bit (and so the same draws) after a crash.
+            for start in range(0, len(prompt_ids), self._prefill_chunk):
+                self._forward(seq, list(prompt_ids[start : start + self._prefill_chunk]))
+            for token in generated_ids:
+                self._forward(seq, [token])
+        except BaseException:
+            self._release(seq)
+            raise
         self._seqs[seq_id] = seq
 
     def step(self) -> dict[str, TokenOutput]:
-        # Batch 1 per sequence for now; batched stepping changes only this method.
         results: dict[str, TokenOutput] = {}
+        going: list[tuple[_Sequence, int]] = []
         for seq_id, seq in list(self._seqs.items()):
             out = self._sample(seq)
             results[seq_id] = out
             if out.finish_reason is not None:
                 self._release(self._seqs.pop(seq_id))
             else:
-                self._forward(seq, [out.token_id])
+                going.append((seq, out.token_id))
+        if self.layout.shared_buffer:
+            going.sort(key=lambda st: st[0].slot)  # rows in slot order: slots 0..n-1 are one tensor
+            for start in range(0, len(going), self.max_batch):
+                self._decode_batch(going[start : start + self.max_batch])
+        else:
+            for seq, token in going:
+                self._forward(seq, [token])
         return results
 
     def remove_sequence(self, seq_id: str) -> None:
@@ -140,20 +205,54 @@ class OnnxEngine:
             return out
         return TokenOutput(out.token_id, out.logprob, out.top_logprobs, finish_reason=reason)
 
-    def _release(self, seq: _Sequence) -> None:
-        if self.layout.shared_buffer and seq.past:
-            self._pool.append(seq.past)  # stale contents are fine: the mask and seqlens bound what is read
-        seq.past = []
-
-    def _empty_past(self) -> list[ort.OrtValue]:
+    def _acquire(self, seq: _Sequence) -> None:
         lay = self.layout
         if lay.shared_buffer:
-            if self._pool:
-                return self._pool.pop()
-            shape = (1, lay.kv_heads, self.max_context, lay.head_dim)
-            return [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=lay.kv_dtype)) for _ in lay.past_names]
-        empty: np.ndarray = np.zeros((1, lay.kv_heads, 0, lay.head_dim), dtype=lay.kv_dtype)
-        return [ort.OrtValue.ortvalue_from_numpy(empty) for _ in lay.past_names]
+            self._pool.ensure(len(self._slots) + 1, [(s.slot, s.length) for s in self._slots])
+            seq.slot = len(self._slots)
+            self._slots.append(seq)
+        else:
+            empty: np.ndarray = np.zeros((1, lay.kv_heads, 0, lay.head_dim), dtype=lay.kv_dtype)
+            seq.past = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in lay.past_names]
+
+    def _release(self, seq: _Sequence) -> None:
+        if seq.slot >= 0:
+            # Keep slots 0..n-1 dense: the last slot's sequence moves into the hole (its filled prefix
+            # only). Stale contents beyond a sequence's length are fine: seqlens bound what GQA reads.
+            last = self._slots.pop()
+            if last is not seq:
+                self._pool.move(last.slot, seq.slot, last.length)
+                last.slot = seq.slot
+                self._slots[seq.slot] = last
+            seq.slot = -1
+        seq.past = []
+
+    def _decode_batch(self, batch: list[tuple[_Sequence, int]]) -> None:
+        """One token for each of `batch` (consecutive slots) in one run of the shared-buffer graph."""
+        if len(batch) == 1:
+            self._forward(batch[0][0], [batch[0][1]])
+            return
+        lay = self.layout
+        seqs = [seq for seq, _ in batch]
+        first, rows = seqs[0].slot, len(seqs)
+        assert [s.slot for s in seqs] == list(range(first, first + rows))
+        lengths = np.array([s.length for s in seqs], dtype=np.int64)
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.array([[tok] for _, tok in batch], dtype=np.int64))
+        if lay.has_attention_mask:  # right-padded: row b has lengths[b] + 1 ones
+            total = int(lengths.max()) + 1
+            io.bind_cpu_input("attention_mask", (np.arange(total)[None] <= lengths[:, None]).astype(np.int64))
+        if lay.has_position_ids:
+            io.bind_cpu_input("position_ids", lengths[:, None].copy())
+        if lay.has_use_cache_branch:
+            io.bind_cpu_input("use_cache_branch", np.array([True]))
+        io.bind_output(lay.logits_name, "cpu")  # first: outs[0]
+        self._pool.bind(io, lay.past_names, lay.present_names, first, rows)
+        self.session.run_with_iobinding(io)
+        logits = io.get_outputs()[0].numpy()
+        for b, seq in enumerate(seqs):
+            seq.logits = np.array(logits[b, -1], dtype=np.float32)
+            seq.length += 1
 
     def _forward(self, seq: _Sequence, ids: Sequence[int]) -> None:
         """Run ids through the model after the cached tokens; updates the cache and next-token logits."""
@@ -167,13 +266,13 @@ class OnnxEngine:
             io.bind_cpu_input("position_ids", np.arange(seq.length, seq.length + n, dtype=np.int64)[None])
         if lay.has_use_cache_branch:
             io.bind_cpu_input("use_cache_branch", np.array([seq.length > 0]))
-        for name, value in zip(lay.past_names, seq.past, strict=True):
-            io.bind_ortvalue_input(name, value)
-        io.bind_output(lay.logits_name, "cpu")
-        for name, value in zip(lay.present_names, seq.past, strict=True):
-            if lay.shared_buffer:
-                io.bind_ortvalue_output(name, value)  # written in place
-            else:
+        io.bind_output(lay.logits_name, "cpu")  # first: outs[0]
+        if lay.shared_buffer:
+            self._pool.bind(io, lay.past_names, lay.present_names, seq.slot, 1)
+        else:
+            for name, value in zip(lay.past_names, seq.past, strict=True):
+                io.bind_ortvalue_input(name, value)
+            for name in lay.present_names:
                 io.bind_output(name, "cpu")
         self.session.run_with_iobinding(io)
         outs = io.get_outputs()
