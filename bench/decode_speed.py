@@ -1,19 +1,40 @@
-"""Prefill and decode speed at batch 1 on a random-weight model of Qwen2.5-0.5B's shape.
+"""Prefill and decode speed on random-weight models: Qwen2.5-0.5B's shape, and the built-in model.
 
-    .venv/bin/python -m bench.decode_speed [--work-dir DIR] [--threads 2] [--prompt 128] [--new 128] [--standard]
+    .venv/bin/python -m bench.decode_speed [--work-dir DIR] [--threads 2] [--prompt 128] [--new 128]
+        [--batches 1,2,4,8] [--sweep-new 32] [--rounds 3] [--genai-python PY] [--standard]
 
-Builds (once, cached in --work-dir) the service's own int8 model (contrib ops, MatMulNBits int8),
-times OnnxEngine, and times onnxruntime-genai's generator on the same model.onnx through a
-genai_config.json. onnxruntime-genai's own builder needs torch (not installed here), so a
-genai-built model of the same weights is not part of this run. --standard also times the
-standard-op graph quantized with quantize_dynamic (slow to build).
+Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over --new tokens):
+  * OnnxEngine on the service's own int8 graph (contrib ops: GroupQueryAttention, MatMulNBits int8);
+  * onnxruntime-genai's generator on that same model.onnx (through a genai_config.json);
+  * onnxruntime-genai's generator on the model onnxruntime-genai's own builder makes from the same
+    weights (`-p int8 -e cpu`, accuracy_level 4, block 32), and OnnxEngine on that model too.
+Part 2, the batch sweep: aggregate decode tok/s (batch x tokens / time) with B sequences active,
+  OnnxEngine stepping them in one run per token ("batched") vs one run per sequence ("looped",
+  what step() did before batching), on the Qwen-shape model and on the built-in model.
+All rows run interleaved, --rounds times, best of each reported: the 2-core machine is shared.
+
+onnxruntime-genai's model builder needs torch, which is not a dependency of the service. It runs in a
+separate bench-only venv, e.g.
+
+    python3 -m venv .venv-bench && echo '*' > .venv-bench/.gitignore
+    .venv-bench/bin/pip install numpy onnx onnx_ir onnxruntime onnxruntime-genai torch==2.13.0 \\
+        safetensors transformers          # torch==2.13.0 is the local CPU wheel: never a bare `torch`
+
+and this bench calls it as a subprocess (--genai-python, default .venv-bench/bin/python when it
+exists, else this interpreter if it has torch); without it the genai-built rows are skipped. The HF
+checkpoint it converts (Qwen2 config.json + model.safetensors, zero q/k/v biases, since Qwen2 has
+them and our graph has none) is written here without torch. Everything is cached in --work-dir.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,21 +42,121 @@ import numpy as np
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
 from service.engine.cli import SHAPES
+from service.engine.config import DecoderConfig
+from service.engine.model_dir import ensure_builtin_model
 from service.engine.onnx_engine import OnnxEngine
+from service.engine.weights import random_weights
 
 CONFIG = SHAPES["qwen2.5-0.5b"]
 SEED = 0
+ROOT = Path(__file__).resolve().parent.parent
+
+Result = tuple[float, float] | str  # (prefill tok/s, decode tok/s), or why it did not run
 
 
 def ensure_model(path: Path, graph: str) -> Path:
     if not (path / "config.json").exists():
         started = time.monotonic()
         build_random_decoder(path, CONFIG, SEED, quantize=True, graph=graph, extra={"model_id": f"bench-{graph}"})
-        print(f"built {path} in {time.monotonic() - started:.0f}s")
+        print(f"built {path} in {time.monotonic() - started:.0f}s", flush=True)
     return path
 
 
-def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> tuple[float, float]:
+# -- the genai-built model -----------------------------------------------------------------------
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """The safetensors format by hand (u64 header length, JSON header, raw little-endian data)."""
+    header: dict[str, object] = {}
+    offset = 0
+    for name, arr in tensors.items():
+        assert arr.dtype == np.float32
+        header[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for arr in tensors.values():
+            f.write(np.ascontiguousarray(arr).tobytes())
+
+
+def write_hf_checkpoint(out: Path, c: DecoderConfig, seed: int) -> Path:
+    """The same seeded weights as the service's graph, as a Qwen2ForCausalLM checkpoint."""
+    if (out / "model.safetensors").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    w = random_weights(c, seed)
+    for i in range(c.num_layers):  # Qwen2 always has q/k/v biases: zero, so the function is the same
+        p = f"model.layers.{i}.self_attn."
+        w[p + "q_proj.bias"] = np.zeros(c.num_heads * c.head_dim, np.float32)
+        w[p + "k_proj.bias"] = np.zeros(c.num_kv_heads * c.head_dim, np.float32)
+        w[p + "v_proj.bias"] = np.zeros(c.num_kv_heads * c.head_dim, np.float32)
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_position,
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_embeddings,
+        "hidden_act": "silu",
+        "bos_token_id": 0,
+        "eos_token_id": c.vocab_size - 1,
+        "torch_dtype": "float32",
+        "use_sliding_window": False,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_safetensors(out / "model.safetensors", w)
+    return out
+
+
+def find_genai_python(arg: str | None) -> str | None:
+    if arg:
+        return arg
+    bench_venv = ROOT / ".venv-bench" / "bin" / "python"
+    if bench_venv.exists():
+        return str(bench_venv)
+    try:
+        import torch  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        return None
+
+
+def ensure_genai_model(work_dir: Path, python: str) -> Path:
+    out = work_dir / "genai-int8"
+    if (out / "genai_config.json").exists():
+        return out
+    hf = write_hf_checkpoint(work_dir / "hf-qwen2", CONFIG, SEED)
+    tmp = work_dir / "genai-int8.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [python, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf), "-o", str(tmp)]
+    cmd += ["-p", "int8", "-e", "cpu", "-c", str(work_dir / "genai-cache")]
+    cmd += ["--extra_options", "accuracy_level=4", "block_size=32"]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # The last step (saving a tokenizer) fails on a checkpoint without one; the model is written by then.
+    if not ((tmp / "genai_config.json").exists() and (tmp / "model.onnx").exists()):
+        raise RuntimeError(f"genai builder failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    tmp.rename(out)
+    (out / "config.json").write_text((hf / "config.json").read_text())  # so OnnxEngine can load it too
+    print(f"built {out} with onnxruntime-genai's builder in {time.monotonic() - started:.0f}s", flush=True)
+    return out
+
+
+# -- timing ----------------------------------------------------------------------------------------
+
+
+def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> Result:
     eng = OnnxEngine(model_dir, intra_op_threads=threads)
     params = SamplingParams(max_new_tokens=new + 1, temperature=0.0)
     eng.add_sequence("warm", prompt[:8], params)
@@ -52,11 +173,58 @@ def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> 
     return len(prompt) / prefill, new / decode
 
 
-def bench_genai(model_dir: Path, threads: int, prompt: list[int], new: int) -> tuple[float, float] | str:
+def bench_engine_batch(engine: OnnxEngine, batch: int, batched: bool, prompt_len: int, new: int) -> float:
+    """Aggregate decode tok/s with `batch` sequences active (prefill not timed)."""
+    rng = np.random.default_rng(batch)
+    params = SamplingParams(max_new_tokens=new + 2, temperature=0.0)
+    engine.max_batch = batch if batched else 1
+    for b in range(batch):
+        engine.add_sequence(f"s{b}", [int(t) for t in rng.integers(0, engine.config.vocab_size, prompt_len)], params)
+    engine.step()  # warm: first run at this batch size
+    started = time.perf_counter()
+    for _ in range(new):
+        engine.step()
+    elapsed = time.perf_counter() - started
+    for b in range(batch):
+        engine.remove_sequence(f"s{b}")
+    return batch * new / elapsed
+
+
+def _set_genai_threads(model_dir: Path, threads: int) -> None:
+    path = model_dir / "genai_config.json"
+    cfg = json.loads(path.read_text())
+    opts = cfg["model"]["decoder"].setdefault("session_options", {})
+    opts.update({"intra_op_num_threads": threads, "inter_op_num_threads": 1})
+    path.write_text(json.dumps(cfg, indent=2))
+
+
+def time_genai(model_dir: Path, prompt: list[int], new: int) -> Result:
     try:
         import onnxruntime_genai as og
     except ImportError as exc:
         return f"onnxruntime-genai unavailable: {exc}"
+    try:
+        model = og.Model(str(model_dir))
+        for warm in (True, False):
+            params = og.GeneratorParams(model)
+            length = len(prompt) + new + 1
+            params.set_search_options(max_length=length, min_length=length, do_sample=False)
+            gen = og.Generator(model, params)
+            started = time.perf_counter()
+            gen.append_tokens(np.array(prompt[:8] if warm else prompt, dtype=np.int32))
+            prefill = time.perf_counter() - started
+            started = time.perf_counter()
+            for _ in range(2 if warm else new):
+                gen.generate_next_token()
+            decode = time.perf_counter() - started
+            del gen
+        return len(prompt) / prefill, new / decode
+    except Exception as exc:  # report, do not fail the whole bench
+        return f"onnxruntime-genai failed: {exc}"
+
+
+def bench_genai_on_ours(model_dir: Path, threads: int, prompt: list[int], new: int) -> Result:
+    """onnxruntime-genai's runtime on the service's own model.onnx, through a genai_config.json."""
     c = CONFIG
     cfg = {
         "model": {
@@ -97,22 +265,23 @@ def bench_genai(model_dir: Path, threads: int, prompt: list[int], new: int) -> t
     }
     (model_dir / "genai_config.json").write_text(json.dumps(cfg, indent=2))
     try:
-        model = og.Model(str(model_dir))
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(prompt) + new + 1, min_length=len(prompt) + new + 1)
-        gen = og.Generator(model, params)
-        started = time.perf_counter()
-        gen.append_tokens(np.array(prompt, dtype=np.int32))
-        prefill = time.perf_counter() - started
-        started = time.perf_counter()
-        for _ in range(new):
-            gen.generate_next_token()
-        decode = time.perf_counter() - started
-        return len(prompt) / prefill, new / decode
-    except Exception as exc:  # report, do not fail the whole bench
-        return f"onnxruntime-genai failed: {exc}"
+        return time_genai(model_dir, prompt, new)
     finally:
         (model_dir / "genai_config.json").unlink(missing_ok=True)
+
+
+def best_of(rounds: int, runs: dict[str, Callable[[], Result]]) -> dict[str, Result]:
+    """Interleaved rounds, best of each: a shared 2-core machine makes single runs noisy."""
+    best: dict[str, Result] = {}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            result = fn()
+            prev = best.get(name)
+            if prev is None or isinstance(result, str):
+                best[name] = result
+            elif not isinstance(prev, str):
+                best[name] = (max(prev[0], result[0]), max(prev[1], result[1]))
+    return best
 
 
 def main() -> None:
@@ -121,35 +290,64 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--standard", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is reported")
+    ap.add_argument("--batches", default="1,2,4,8", help="batch sweep sizes ('' to skip the sweep)")
+    ap.add_argument("--sweep-new", type=int, default=32, help="decoded tokens per sequence in the sweep")
+    ap.add_argument("--genai-python", default=None, help="python with torch + onnxruntime-genai (the builder)")
+    ap.add_argument("--no-genai-build", action="store_true", help="skip the genai-built model")
+    ap.add_argument("--standard", action="store_true", help="also the standard-op graph (quantize_dynamic)")
     args = ap.parse_args()
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, CONFIG.vocab_size, args.prompt)]
     contrib = ensure_model(args.work_dir / "contrib-int8", "contrib")
-    runs = {
-        "OnnxEngine contrib (GQA + MatMulNBits int8)": lambda: bench_engine(contrib, args.threads, prompt, args.new),
-        "onnxruntime-genai runtime, same model.onnx": lambda: bench_genai(contrib, args.threads, prompt, args.new),
+    runs: dict[str, Callable[[], Result]] = {
+        "OnnxEngine, service int8 graph": lambda: bench_engine(contrib, args.threads, prompt, args.new),
+        "genai runtime, service int8 graph": lambda: bench_genai_on_ours(contrib, args.threads, prompt, args.new),
     }
+    genai_python = None if args.no_genai_build else find_genai_python(args.genai_python)
+    if genai_python:
+        gdir = ensure_genai_model(args.work_dir, genai_python)
+        _set_genai_threads(gdir, args.threads)
+        runs["genai runtime, genai-built int8 graph"] = lambda: time_genai(gdir, prompt, args.new)
+        runs["OnnxEngine, genai-built int8 graph"] = lambda: bench_engine(gdir, args.threads, prompt, args.new)
+    else:
+        print("genai-built model skipped: no python with torch (see --genai-python)")
     if args.standard:
         std = ensure_model(args.work_dir / "standard-int8", "standard")
-        runs["OnnxEngine standard (quantize_dynamic int8)"] = lambda: bench_engine(std, args.threads, prompt, args.new)
-    # Interleaved rounds, best of each: a shared 2-core machine makes single runs noisy.
-    best: dict[str, tuple[float, float] | str] = {}
-    for _ in range(args.rounds):
-        for name, fn in runs.items():
-            result = fn()
-            prev = best.get(name)
-            if isinstance(result, str) or prev is None or isinstance(prev, str):
-                best[name] = result if prev is None or isinstance(result, str) else prev
-            else:
-                best[name] = (max(prev[0], result[0]), max(prev[1], result[1]))
-    rows = list(best.items())
-    print(f"batch 1, {args.prompt}-token prompt, {args.new} decoded, {args.threads} threads, best of {args.rounds}")
-    for name, result in rows:
+        runs["OnnxEngine, standard graph (quantize_dynamic)"] = lambda: bench_engine(
+            std, args.threads, prompt, args.new
+        )
+    best = best_of(args.rounds, runs)
+    print(f"\nQwen2.5-0.5B shape, batch 1, {args.prompt}-token prompt, {args.new} decoded, {args.threads} threads,")
+    print(f"best of {args.rounds} interleaved rounds (tok/s)")
+    print(f"  {'':40s} {'prefill':>9s} {'decode':>8s}")
+    for name, result in best.items():
         if isinstance(result, str):
-            print(f"  {name}: {result}")
+            print(f"  {name:40s} {result}")
         else:
-            print(f"  {name}: prefill {result[0]:.1f} tok/s, decode {result[1]:.1f} tok/s")
+            print(f"  {name:40s} {result[0]:9.1f} {result[1]:8.1f}")
+
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    if not batches:
+        return
+    engines = {
+        "qwen2.5-0.5b shape": OnnxEngine(contrib, intra_op_threads=args.threads),
+        "built-in": OnnxEngine(ensure_builtin_model(progress=False), intra_op_threads=args.threads),
+    }
+    sweep: dict[tuple[str, int, bool], float] = {}
+    for _ in range(args.rounds):
+        for name, eng in engines.items():
+            for b in batches:
+                for batched in (True, False) if b > 1 else (True,):
+                    tps = bench_engine_batch(eng, b, batched, args.prompt, args.sweep_new)
+                    sweep[name, b, batched] = max(sweep.get((name, b, batched), 0.0), tps)
+    print(f"\nAggregate decode tok/s, B sequences of a {args.prompt}-token prompt, {args.sweep_new} decoded each,")
+    print(f"{args.threads} threads, best of {args.rounds} interleaved rounds; batched = one run per step")
+    print(f"  {'model':20s} {'B':>3s} {'batched':>9s} {'looped':>9s} {'speedup':>8s}")
+    for name in engines:
+        for b in batches:
+            bat = sweep[name, b, True]
+            loop = sweep.get((name, b, False), bat)
+            print(f"  {name:20s} {b:3d} {bat:9.1f} {loop:9.1f} {bat / loop:7.2f}x")
 
 
 if __name__ == "__main__":

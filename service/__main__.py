@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.get_event_loop().create_task(begin_drain(app))
                 super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=10)
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10
+        )
         DrainingServer(config).run()
         return 0
     if args.command == "migrate":

@@ -84,8 +84,9 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         return JSONResponse(NotFound("Unknown URL.").body(), status_code=404)
-    body: dict[str, Any] = {"error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None,
-                                      "code": None}}
+    body: dict[str, Any] = {
+        "error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
+    }
     return JSONResponse(body, status_code=exc.status_code)
 
 

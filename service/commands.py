@@ -34,8 +34,9 @@ class CreatedResponse:
 
 
 class Commands:
-    def __init__(self, db: AsyncEngine, runtime: ModelRuntime, supervisor: RunSupervisor, notifier: Notifier,
-                 settings: Settings) -> None:
+    def __init__(
+        self, db: AsyncEngine, runtime: ModelRuntime, supervisor: RunSupervisor, notifier: Notifier, settings: Settings
+    ) -> None:
         self.db = db
         self.runtime = runtime
         self.supervisor = supervisor
@@ -44,8 +45,10 @@ class Commands:
 
     async def create(self, request: CreateResponseRequest) -> CreatedResponse:
         if request.model not in (None, self.runtime.model_id):
-            raise NotFound(f"The model '{request.model}' does not exist. This server serves "
-                           f"'{self.runtime.model_id}'.", param="model")
+            raise NotFound(
+                f"The model '{request.model}' does not exist. This server serves '{self.runtime.model_id}'.",
+                param="model",
+            )
         response_id = new_response_id()
         input_items = normalize_input(request, response_id)
         history: list[dict[str, Any]] = []
@@ -53,20 +56,29 @@ class Commands:
             history = await self._history(request.previous_response_id)
 
         tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
-        effort = (request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium")
-        prompt_request = PromptRequest(items=history + input_items, instructions=request.instructions,
-                                       tools=tuple(tools), reasoning_effort=effort)
+        effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
+        prompt_request = PromptRequest(
+            items=history + input_items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
+        )
         prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
         room = self.runtime.engine.max_context - len(prompt_ids)
         if room < 1:
             raise InvalidRequest(
-                f"The prompt is {len(prompt_ids)} tokens; this model's context holds {self.runtime.engine.max_context}.",
-                param="input", code="context_length_exceeded")
+                f"The prompt is {len(prompt_ids)} tokens; "
+                f"this model's context holds {self.runtime.engine.max_context}.",
+                param="input",
+                code="context_length_exceeded",
+            )
         max_new = min(request.max_output_tokens or self.settings.max_output_tokens_default, room)
 
         created_at = time.time()
-        response = initial_response(request, response_id=response_id, model=self.runtime.model_id,
-                                    created_at=created_at, max_output_tokens=max_new)
+        response = initial_response(
+            request,
+            response_id=response_id,
+            model=self.runtime.model_id,
+            created_at=created_at,
+            max_output_tokens=max_new,
+        )
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         fact = {
             "request": request.model_dump(mode="json", exclude_none=True),
@@ -79,14 +91,24 @@ class Commands:
             "input_item_count": len(input_items),
             "store": request.store,
             "sampling": sampling_fact(
-                max_new_tokens=max_new, temperature=1.0 if request.temperature is None else request.temperature,
-                top_p=1.0 if request.top_p is None else request.top_p, seed=seed,
-                top_logprobs=request.top_logprobs or 0),
+                max_new_tokens=max_new,
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                seed=seed,
+                top_logprobs=request.top_logprobs or 0,
+            ),
         }
         created_event = StreamBuilder(response).created()[0]
         await recorder.create_response(
-            self.db, request_fact=fact, created_event=created_event, response=response, input_items=input_items,
-            background=request.background, owner=None, lease_seconds=self.settings.lease_seconds)
+            self.db,
+            request_fact=fact,
+            created_event=created_event,
+            response=response,
+            input_items=input_items,
+            background=request.background,
+            owner=None,
+            lease_seconds=self.settings.lease_seconds,
+        )
         await self.notifier.publish([response_id])
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
@@ -95,19 +117,26 @@ class Commands:
         async with self.db.connect() as connection:
             previous = await read_models.get_response(connection, previous_response_id)
             if previous is None or previous.get("store") is False:
-                raise NotFound(f"Previous response with id '{previous_response_id}' not found.",
-                               param="previous_response_id")
+                raise NotFound(
+                    f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
+                )
             if previous["status"] not in TERMINAL_STATUSES:
-                raise InvalidRequest(f"Previous response '{previous_response_id}' is still {previous['status']}.",
-                                     param="previous_response_id", code="previous_response_in_progress")
+                raise InvalidRequest(
+                    f"Previous response '{previous_response_id}' is still {previous['status']}.",
+                    param="previous_response_id",
+                    code="previous_response_in_progress",
+                )
             return await read_models.conversation_history(connection, previous_response_id)
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
         """Idempotent: a finished background response is returned unchanged."""
         response = await self.get(response_id)
         if not response.get("background"):
-            raise InvalidRequest("Only responses created with background=true can be cancelled.",
-                                 param="response_id", code="not_background")
+            raise InvalidRequest(
+                "Only responses created with background=true can be cancelled.",
+                param="response_id",
+                code="not_background",
+            )
         if response["status"] in TERMINAL_STATUSES:
             return response
         await recorder.request_cancel(self.db, response_id)

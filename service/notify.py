@@ -1,4 +1,4 @@
-""""The log grew" signals. In-process waiters are woken directly after a commit; on
+""" "The log grew" signals. In-process waiters are woken directly after a commit; on
 PostgreSQL, LISTEN/NOTIFY carries the same signal to other replicas. Readers always
 re-read the log after a wake-up (and poll on a timeout), so a lost signal costs
 latency, never correctness."""

@@ -148,10 +148,15 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise InvalidRequest("The request body must be a JSON object.")
     if isinstance(body.get("input"), list):
         # OpenAI accepts EasyInputMessage items without a `type`; give them their tag before validation.
-        body = {**body, "input": [
-            {**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item
-            for item in body["input"]
-        ]}
+        body = {
+            **body,
+            "input": [
+                {**item, "type": "message"}
+                if isinstance(item, dict) and "type" not in item and "role" in item
+                else item
+                for item in body["input"]
+            ],
+        }
     try:
         request = CreateResponseRequest.model_validate(body)
     except ValidationError as exc:
@@ -180,8 +185,11 @@ def _invalid_from_validation(exc: ValidationError) -> InvalidRequest:
             path.append(f".{text}")
     param = "".join(path).lstrip(".") or None
     if first["type"] == "extra_forbidden":
-        return InvalidRequest(f"Unsupported parameter: '{param}'. This server does not implement it.", param=param,
-                              code="unsupported_parameter")
+        return InvalidRequest(
+            f"Unsupported parameter: '{param}'. This server does not implement it.",
+            param=param,
+            code="unsupported_parameter",
+        )
     if first["type"] == "missing":
         return InvalidRequest(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     return InvalidRequest(f"Invalid value for '{param}': {first['msg']}.", param=param, code="invalid_value")
@@ -202,22 +210,48 @@ def normalize_input(request: CreateResponseRequest, response_id: str) -> list[Co
                 {"type": part_type, "text": text, **({"annotations": []} if part_type == "output_text" else {})}
                 for text in parts
             ]
-            out.append({"id": item_id, "type": "message", "role": item.role, "content": content,
-                        "status": "completed"})
+            out.append({"id": item_id, "type": "message", "role": item.role, "content": content, "status": "completed"})
         elif isinstance(item, FunctionCallItem):
-            out.append({"id": item_id, "type": "function_call", "call_id": item.call_id, "name": item.name,
-                        "arguments": item.arguments, "status": "completed"})
+            out.append(
+                {
+                    "id": item_id,
+                    "type": "function_call",
+                    "call_id": item.call_id,
+                    "name": item.name,
+                    "arguments": item.arguments,
+                    "status": "completed",
+                }
+            )
         elif isinstance(item, FunctionCallOutputItem):
-            out.append({"id": item_id, "type": "function_call_output", "call_id": item.call_id,
-                        "output": item.output, "status": "completed"})
+            out.append(
+                {
+                    "id": item_id,
+                    "type": "function_call_output",
+                    "call_id": item.call_id,
+                    "output": item.output,
+                    "status": "completed",
+                }
+            )
         else:
             reasoning_parts = [{"type": "reasoning_text", "text": part.text} for part in item.content or []]
             out.append({"id": item_id, "type": "reasoning", "summary": [], "content": reasoning_parts})
     return out
 
 
-_TYPE_TAGS = {"message", "function_call", "function_call_output", "reasoning", "str", "int", "float", "bool",
-              "function", "dict", "list", "none"}
+_TYPE_TAGS = {
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "str",
+    "int",
+    "float",
+    "bool",
+    "function",
+    "dict",
+    "list",
+    "none",
+}
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
@@ -265,7 +299,9 @@ def initial_response(
         "store": request.store,
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "text": {"format": {"type": "text"}},
-        "tool_choice": request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump(),
+        "tool_choice": request.tool_choice
+        if isinstance(request.tool_choice, str)
+        else request.tool_choice.model_dump(),
         "tools": [tool.model_dump(exclude_none=False) for tool in request.tools],
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "top_logprobs": request.top_logprobs or 0,

@@ -41,7 +41,9 @@ _ROW_REFRESH_EVENTS = TERMINAL_EVENT_TYPES | {"response.in_progress", "response.
 
 def prompt_request_from_fact(fact: dict[str, Any]) -> PromptRequest:
     return PromptRequest(
-        items=fact["prompt_items"], instructions=fact["instructions"], tools=tuple(fact["tools"]),
+        items=fact["prompt_items"],
+        instructions=fact["instructions"],
+        tools=tuple(fact["tools"]),
         reasoning_effort=fact["reasoning_effort"],
     )
 
@@ -82,8 +84,9 @@ class ActiveRun:
             # An item cut short is closed by builder.finish with status "incomplete".
             chunks = [chunk for chunk in chunks if not isinstance(chunk, ItemEnded)]
         events = self.builder.feed(chunks)
-        events += self.builder.finish(ending, input_tokens=self.prompt_tokens, output_tokens=self.generated,
-                                      error=error)
+        events += self.builder.finish(
+            ending, input_tokens=self.prompt_tokens, output_tokens=self.generated, error=error
+        )
         self.record(write, events)
 
 
@@ -104,8 +107,10 @@ class RunSupervisor:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         await recorder.delete_finished_unstored(self.db)  # store=false responses whose client is gone
-        self._tasks = [asyncio.create_task(self._loop(), name="run-loop"),
-                       asyncio.create_task(self._heartbeat(), name="run-heartbeat")]
+        self._tasks = [
+            asyncio.create_task(self._loop(), name="run-loop"),
+            asyncio.create_task(self._heartbeat(), name="run-heartbeat"),
+        ]
 
     async def stop(self) -> None:
         """Stop stepping and hand owned runs back so another worker continues them at once."""
@@ -152,12 +157,14 @@ class RunSupervisor:
 
     async def _admit(self) -> None:
         async with self.db.begin() as connection:
-            claimed = await leases.claim(connection, self.owner, lease_seconds=self.settings.lease_seconds,
-                                         limit=100, cancelled_only=True)
+            claimed = await leases.claim(
+                connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=100, cancelled_only=True
+            )
             room = self.settings.max_active_runs - len(self.active)
             if room > 0:
-                claimed += await leases.claim(connection, self.owner, lease_seconds=self.settings.lease_seconds,
-                                              limit=room)
+                claimed += await leases.claim(
+                    connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=room
+                )
         for run in claimed:
             try:
                 await self._resume(run)
@@ -188,8 +195,9 @@ class RunSupervisor:
             regenerated += builder.feed(parser.feed(token))
         if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
             raise RuntimeError("replaying the logged tokens did not reproduce the logged events")
-        run = ActiveRun(rid, fact, builder, parser, projected={}, generated=len(tokens),
-                        pending=regenerated[len(logged):])
+        run = ActiveRun(
+            rid, fact, builder, parser, projected={}, generated=len(tokens), pending=regenerated[len(logged) :]
+        )
         projected: dict[str, Any] | None = None
         for event in logged:
             projected = apply(projected, event)
@@ -203,12 +211,16 @@ class RunSupervisor:
         sampling = fact["sampling"]
         params = SamplingParams(
             max_new_tokens=sampling["max_new_tokens"],  # the engine counts the replayed tokens too
-            temperature=sampling["temperature"], top_p=sampling["top_p"], seed=sampling["seed"],
-            top_logprobs=sampling["top_logprobs"], stop_token_ids=self.runtime.chat_format.stop_token_ids(),
+            temperature=sampling["temperature"],
+            top_p=sampling["top_p"],
+            seed=sampling["seed"],
+            top_logprobs=sampling["top_logprobs"],
+            stop_token_ids=self.runtime.chat_format.stop_token_ids(),
         )
         try:
-            await self._in_engine(self.runtime.engine.add_sequence, rid, fact["prompt_token_ids"], params,
-                                  constraint, tokens)
+            await self._in_engine(
+                self.runtime.engine.add_sequence, rid, fact["prompt_token_ids"], params, constraint, tokens
+            )
         except EngineError as exc:
             await self._commit_alone(run, "failed", {"code": "context_length_exceeded", "message": str(exc)})
             return
@@ -299,18 +311,25 @@ class RunSupervisor:
                 continue
             with contextlib.suppress(Exception):
                 async with self.db.begin() as connection:
-                    owned = await leases.fence(connection, self.owner, list(self.active),
-                                               lease_seconds=self.settings.lease_seconds)
+                    owned = await leases.fence(
+                        connection, self.owner, list(self.active), lease_seconds=self.settings.lease_seconds
+                    )
                 for rid, cancel in owned.items():
                     if cancel and rid in self.active:
                         self.active[rid].cancel_requested = True
                         self.wake()
 
 
-def sampling_fact(*, max_new_tokens: int, temperature: float, top_p: float, seed: int,
-                  top_logprobs: int) -> dict[str, Any]:
-    return {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
-            "top_logprobs": top_logprobs}
+def sampling_fact(
+    *, max_new_tokens: int, temperature: float, top_p: float, seed: int, top_logprobs: int
+) -> dict[str, Any]:
+    return {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "top_logprobs": top_logprobs,
+    }
 
 
 def now() -> float:

@@ -114,14 +114,27 @@ class StreamBuilder:
             item = {"id": item_id, "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
         else:
             call_id = derived_id("call", self.response["id"], f"output:{output_index}")
-            item = {"id": item_id, "type": "function_call", "status": "in_progress", "call_id": call_id,
-                    "name": chunk.name or "", "arguments": ""}
+            item = {
+                "id": item_id,
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": call_id,
+                "name": chunk.name or "",
+                "arguments": "",
+            }
         self.output.append(item)
         self._open = _OpenItem(chunk.kind, item, output_index)
         out = [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
         if chunk.kind != "function_call":
-            out.append(self._event("response.content_part.added", item_id=item_id, output_index=output_index,
-                                   content_index=0, part=self._part(chunk.kind, "")))
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=item_id,
+                    output_index=output_index,
+                    content_index=0,
+                    part=self._part(chunk.kind, ""),
+                )
+            )
         return out
 
     def _delta(self, text: str) -> list[Event]:
@@ -131,11 +144,22 @@ class StreamBuilder:
         self._open.text.append(text)
         item_id, index = self._open.item["id"], self._open.output_index
         if self._open.kind == "message":
-            return [self._event("response.output_text.delta", item_id=item_id, output_index=index, content_index=0,
-                                delta=text, logprobs=[])]
+            return [
+                self._event(
+                    "response.output_text.delta",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    delta=text,
+                    logprobs=[],
+                )
+            ]
         if self._open.kind == "reasoning":
-            return [self._event("response.reasoning_text.delta", item_id=item_id, output_index=index,
-                                content_index=0, delta=text)]
+            return [
+                self._event(
+                    "response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=text
+                )
+            ]
         return [self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=text)]
 
     def _close_open(self, status: str) -> list[Event]:
@@ -147,15 +171,29 @@ class StreamBuilder:
         out: list[Event] = []
         if open_item.kind == "function_call":
             item["arguments"] = text
-            out.append(self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                                   name=item["name"], arguments=text))
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item_id,
+                    output_index=index,
+                    name=item["name"],
+                    arguments=text,
+                )
+            )
         else:
             part = self._part(open_item.kind, text)
             done_type = "response.output_text.done" if open_item.kind == "message" else "response.reasoning_text.done"
-            extra = {"logprobs": []} if open_item.kind == "message" else {}
+            extra: dict[str, Any] = {"logprobs": []} if open_item.kind == "message" else {}
             out.append(self._event(done_type, item_id=item_id, output_index=index, content_index=0, text=text, **extra))
-            out.append(self._event("response.content_part.done", item_id=item_id, output_index=index,
-                                   content_index=0, part=copy.deepcopy(part)))
+            out.append(
+                self._event(
+                    "response.content_part.done",
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=copy.deepcopy(part),
+                )
+            )
             item["content"] = [part]
         item["status"] = status
         out.append(self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))

@@ -28,11 +28,12 @@ def raw_events(url: str, response_id: str, after: int = -1) -> list[dict[str, An
     import json
 
     events = []
-    with httpx.stream("GET", f"{url}/v1/responses/{response_id}", params={"stream": "true", "starting_after": after},
-                      timeout=120) as stream:
+    with httpx.stream(
+        "GET", f"{url}/v1/responses/{response_id}", params={"stream": "true", "starting_after": after}, timeout=120
+    ) as stream:
         for line in stream.iter_lines():
             if line.startswith("data: "):
-                events.append(json.loads(line[len("data: "):]))
+                events.append(json.loads(line[len("data: ") :]))
     return events
 
 
@@ -49,5 +50,4 @@ def text_from_deltas(events: list[dict[str, Any]]) -> str:
 
 
 def final_text(response: dict[str, Any]) -> str:
-    return "".join(part["text"] for item in response["output"] if item["type"] == "message"
-                   for part in item["content"])
+    return "".join(part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"])

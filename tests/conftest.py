@@ -114,20 +114,42 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90) -> ServerProcess:
-        env = {**os.environ, "SERVICE_DATABASE_URL": self.database_url, "SERVICE_MODEL_CACHE": str(MODEL_CACHE),
-               "SERVICE_INTRA_OP_THREADS": "1", "SERVICE_LEASE_SECONDS": "3", "SERVICE_CLAIM_INTERVAL_SECONDS": "0.3",
-               "SERVICE_POLL_INTERVAL_SECONDS": "0.2", **self.env}
+        env = {
+            **os.environ,
+            "SERVICE_DATABASE_URL": self.database_url,
+            "SERVICE_MODEL_CACHE": str(MODEL_CACHE),
+            "SERVICE_INTRA_OP_THREADS": "1",
+            "SERVICE_LEASE_SECONDS": "3",
+            "SERVICE_CLAIM_INTERVAL_SECONDS": "0.3",
+            "SERVICE_POLL_INTERVAL_SECONDS": "0.2",
+            **self.env,
+        }
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "service", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "service",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}; see {self.log_path}:\n"
-                                   + self.log_path.read_text()[-3000:])
+                raise RuntimeError(
+                    f"server exited with {self.process.returncode}; see {self.log_path}:\n"
+                    + self.log_path.read_text()[-3000:]
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return self

@@ -28,8 +28,9 @@ LONG = 3000  # output tokens: long enough to still be running when a test cancel
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-           builtin_model_dir: Path) -> Iterator[ServerProcess]:
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, builtin_model_dir: Path
+) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"api-{request.param}")
     name = None
     if request.param == "sqlite":
@@ -51,8 +52,9 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 
 def test_plain_request_returns_the_stored_response(client: openai.OpenAI) -> None:
-    response = client.responses.create(model="builtin-harmony-tiny", input="Say hello", max_output_tokens=24,
-                                       extra_body={"seed": 7})
+    response = client.responses.create(
+        model="builtin-harmony-tiny", input="Say hello", max_output_tokens=24, extra_body={"seed": 7}
+    )
     assert response.id.startswith("resp_")
     assert response.status in ("completed", "incomplete")
     assert response.usage is not None and response.usage.output_tokens <= 24 and response.usage.input_tokens > 0
@@ -63,8 +65,12 @@ def test_plain_request_returns_the_stored_response(client: openai.OpenAI) -> Non
 
 
 def test_stream_events_are_ordered_and_match_the_stored_response(client: openai.OpenAI, server: ServerProcess) -> None:
-    events = [e.model_dump() for e in client.responses.create(input="Tell me a story", max_output_tokens=40,
-                                                                stream=True, extra_body={"seed": 3})]
+    events = [
+        e.model_dump()
+        for e in client.responses.create(
+            input="Tell me a story", max_output_tokens=40, stream=True, extra_body={"seed": 3}
+        )
+    ]
     assert_well_formed_stream(events)
     types = [e["type"] for e in events]
     assert types[:2] == ["response.created", "response.in_progress"]
@@ -105,8 +111,9 @@ def test_background_returns_at_once_and_finishes(client: openai.OpenAI) -> None:
 
 
 def test_replay_with_starting_after_continues_a_closed_stream(client: openai.OpenAI, server: ServerProcess) -> None:
-    stream = client.responses.create(input="Stream in the background", max_output_tokens=120, background=True,
-                                     stream=True, extra_body={"seed": 5})
+    stream = client.responses.create(
+        input="Stream in the background", max_output_tokens=120, background=True, stream=True, extra_body={"seed": 5}
+    )
     seen: list[dict[str, Any]] = []
     for event in stream:
         seen.append(event.model_dump())
@@ -131,8 +138,9 @@ def test_last_event_id_header_resumes_like_starting_after(client: openai.OpenAI,
     response = client.responses.create(input="resume me", max_output_tokens=20)
     everything = raw_events(server.url, response.id)
     lines = []
-    with httpx.stream("GET", f"{server.url}/v1/responses/{response.id}", params={"stream": "true"},
-                      headers={"Last-Event-ID": "3"}) as stream:
+    with httpx.stream(
+        "GET", f"{server.url}/v1/responses/{response.id}", params={"stream": "true"}, headers={"Last-Event-ID": "3"}
+    ) as stream:
         lines = [line for line in stream.iter_lines() if line.startswith("id: ")]
     assert [int(line[4:]) for line in lines] == [e["sequence_number"] for e in everything[4:]]
 
@@ -161,6 +169,10 @@ def wait_for_generation(client: openai.OpenAI, response_id: str) -> None:
     raise AssertionError("the run produced no output")
 
 
+def _first_text(item: Any) -> str:
+    return str(item.content[0].text)
+
+
 def test_cancel_rules(client: openai.OpenAI) -> None:
     plain = client.responses.create(input="plain", max_output_tokens=5)
     with pytest.raises(openai.BadRequestError) as error:
@@ -187,7 +199,7 @@ def test_client_disconnect_cancels_a_streaming_request(client: openai.OpenAI, se
     stream = client.responses.create(input="I will hang up", max_output_tokens=LONG, stream=True)
     first = next(iter(stream))
     stream.close()
-    response_id = first.response.id
+    response_id = first.response.id  # type: ignore[union-attr]
     final = wait_until_terminal(client, response_id, timeout=60)
     assert final.status == "cancelled"
 
@@ -208,13 +220,13 @@ def test_input_items_pagination(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": f"message {n}"} for n in range(5)]
     response = client.responses.create(input=messages, max_output_tokens=3)  # type: ignore[arg-type]
     newest_first = client.responses.input_items.list(response.id)
-    texts = [item.content[0].text for item in newest_first.data]  # type: ignore[union-attr]
+    texts = [_first_text(item) for item in newest_first.data]
     assert texts == [f"message {n}" for n in reversed(range(5))]
     page = client.responses.input_items.list(response.id, order="asc", limit=2)
-    assert [i.content[0].text for i in page.data] == ["message 0", "message 1"]  # type: ignore[union-attr]
+    assert [_first_text(i) for i in page.data] == ["message 0", "message 1"]
     assert page.has_more is True
     following = client.responses.input_items.list(response.id, order="asc", limit=2, after=page.data[-1].id)
-    assert [i.content[0].text for i in following.data] == ["message 2", "message 3"]  # type: ignore[union-attr]
+    assert [_first_text(i) for i in following.data] == ["message 2", "message 3"]
     every = list(client.responses.input_items.list(response.id, order="asc", limit=2))  # auto-pagination
     assert len(every) == 5
     # `before` is in OpenAI's API reference but not in this client's signature
@@ -222,7 +234,7 @@ def test_input_items_pagination(client: openai.OpenAI) -> None:
     assert [i.id for i in before.data] == [every[0].id, every[1].id]
     for bad in ({"limit": 0}, {"limit": 101}, {"order": "sideways"}, {"after": "msg_nope"}):
         with pytest.raises(openai.BadRequestError):
-            client.responses.input_items.list(response.id, **bad)  # type: ignore[arg-type]
+            client.responses.input_items.list(response.id, **bad)
 
 
 def test_previous_response_id_chain(client: openai.OpenAI, server: ServerProcess) -> None:
@@ -232,38 +244,51 @@ def test_previous_response_id_chain(client: openai.OpenAI, server: ServerProcess
     assert third.previous_response_id == second.id
     assert first.usage and second.usage and third.usage
     assert first.usage.input_tokens < second.usage.input_tokens < third.usage.input_tokens
-    assert [i.content[0].text for i in client.responses.input_items.list(second.id).data] == [  # type: ignore[union-attr]
-        "What is my name?"]
+    assert [_first_text(i) for i in client.responses.input_items.list(second.id).data] == ["What is my name?"]
     with pytest.raises(openai.NotFoundError) as error:
         client.responses.create(input="x", previous_response_id="resp_missing")
     assert error.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_function_tools_are_accepted_and_rendered(client: openai.OpenAI) -> None:
-    tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    tools = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        }
+    ]
     response = client.responses.create(input="Weather in Paris?", tools=tools, max_output_tokens=30)  # type: ignore[arg-type]
     assert response.tools[0].name == "get_weather"  # type: ignore[union-attr]
     plain = client.responses.create(input="Weather in Paris?", max_output_tokens=30)
     assert response.usage and plain.usage and response.usage.input_tokens > plain.usage.input_tokens
     followup = client.responses.create(
-        previous_response_id=response.id, max_output_tokens=10, tools=tools,  # type: ignore[arg-type]
-        input=[{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
-               {"type": "function_call_output", "call_id": "call_1", "output": '{"temp": 21}'}])
+        previous_response_id=response.id,
+        max_output_tokens=10,
+        tools=tools,  # type: ignore[arg-type]
+        input=[
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": '{"temp": 21}'},
+        ],
+    )
     assert followup.status in ("completed", "incomplete")
 
 
-@pytest.mark.parametrize(("body", "status", "param"), [
-    (b"{not json", 400, None),
-    (json.dumps({"input": 5}).encode(), 400, "input"),
-    (json.dumps({"input": "x", "temperature": "hot"}).encode(), 400, "temperature"),
-    (json.dumps({"input": "x", "frequency_penalty": 1}).encode(), 400, "frequency_penalty"),
-    (json.dumps({"input": [{"type": "input_image", "image_url": "x"}]}).encode(), 400, "input[0]"),
-    (json.dumps({"input": "x", "model": "gpt-9"}).encode(), 404, "model"),
-    (json.dumps({"input": "x", "background": True, "store": False}).encode(), 400, "background"),
-    (json.dumps({"input": "x", "max_output_tokens": 0}).encode(), 400, "max_output_tokens"),
-    (json.dumps({"input": "x" * 300_000}).encode(), 413, None),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (json.dumps({"input": 5}).encode(), 400, "input"),
+        (json.dumps({"input": "x", "temperature": "hot"}).encode(), 400, "temperature"),
+        (json.dumps({"input": "x", "frequency_penalty": 1}).encode(), 400, "frequency_penalty"),
+        (json.dumps({"input": [{"type": "input_image", "image_url": "x"}]}).encode(), 400, "input[0]"),
+        (json.dumps({"input": "x", "model": "gpt-9"}).encode(), 404, "model"),
+        (json.dumps({"input": "x", "background": True, "store": False}).encode(), 400, "background"),
+        (json.dumps({"input": "x", "max_output_tokens": 0}).encode(), 400, "max_output_tokens"),
+        (json.dumps({"input": "x" * 300_000}).encode(), 413, None),
+    ],
+)
 def test_bad_requests_get_openai_errors(server: ServerProcess, body: bytes, status: int, param: str | None) -> None:
     reply = httpx.post(f"{server.url}/v1/responses", content=body, headers={"content-type": "application/json"})
     assert reply.status_code == status, reply.text

@@ -31,13 +31,16 @@ def run_chaos(database_url: str, *, runs: int, kills: int, seed: int, log_dir: P
     def start() -> ServerProcess:
         nonlocal servers
         servers += 1
-        return ServerProcess(database_url, log_dir / f"chaos-server-{servers}.log",
-                             SERVICE_MAX_ACTIVE_RUNS="4").start()
+        return ServerProcess(database_url, log_dir / f"chaos-server-{servers}.log", SERVICE_MAX_ACTIVE_RUNS="4").start()
 
     server = start()
     client = client_for(server.url)
-    ids = [client.responses.create(input=f"chaos run {n}", background=True, max_output_tokens=rng.randint(60, 300),
-                                   extra_body={"seed": n}).id for n in range(runs)]
+    ids = [
+        client.responses.create(
+            input=f"chaos run {n}", background=True, max_output_tokens=rng.randint(60, 300), extra_body={"seed": n}
+        ).id
+        for n in range(runs)
+    ]
     cancelled = ids[:: max(1, runs // 3)][:2]
     for cycle in range(kills):
         time.sleep(rng.uniform(0.2, 1.5))
@@ -69,8 +72,14 @@ def run_chaos(database_url: str, *, runs: int, kills: int, seed: int, log_dir: P
         if response_id in cancelled and final["status"] not in ("cancelled", "completed", "incomplete"):
             violations.append(f"{response_id}: cancelled run ended {final['status']}")
     server.stop()
-    return {"runs": runs, "kills": kills, "restarts": servers - 1, "events_checked": events_checked,
-            "cancelled": len(cancelled), "violations": violations}
+    return {
+        "runs": runs,
+        "kills": kills,
+        "restarts": servers - 1,
+        "events_checked": events_checked,
+        "cancelled": len(cancelled),
+        "violations": violations,
+    }
 
 
 @pytest.mark.slow

@@ -54,8 +54,9 @@ def test_restart_between_create_and_retrieve(database_url: str, server_factory: 
     client = client_for(server.url)
     plain = client.responses.create(input="keep me", max_output_tokens=10)
     chained = client.responses.create(input="and me", previous_response_id=plain.id, max_output_tokens=10)
-    background = client.responses.create(input="run across a restart", max_output_tokens=200, background=True,
-                                         extra_body={"seed": 4})
+    background = client.responses.create(
+        input="run across a restart", max_output_tokens=200, background=True, extra_body={"seed": 4}
+    )
     server.stop()  # SIGTERM: leases are handed back
     server = server_factory(database_url).start()
     client = client_for(server.url)
@@ -69,19 +70,21 @@ def test_restart_between_create_and_retrieve(database_url: str, server_factory: 
 
 
 def test_kill_9_mid_stream_resumes_with_the_same_tokens(database_url: str, server_factory: ServerFactory) -> None:
-    request = {"input": "a story that survives a crash", "max_output_tokens": 300, "extra_body": {"seed": 1234}}
     server = server_factory(database_url).start()
     client = client_for(server.url)
-    reference = client.responses.create(**request)  # uninterrupted run, same seed
+    prompt, seed = "a story that survives a crash", {"seed": 1234}
+    reference = client.responses.create(input=prompt, max_output_tokens=300, extra_body=seed)  # uninterrupted run
 
-    stream = client.responses.create(**request, background=True, stream=True)
+    stream = client.responses.create(input=prompt, max_output_tokens=300, extra_body=seed, background=True, stream=True)
     seen = _read_until(stream, 40)
     response_id = seen[0]["response"]["id"]
     server.kill()  # kill -9 while generating
     server = server_factory(database_url).start()
     client = client_for(server.url)
-    rest = [e.model_dump() for e in client.responses.retrieve(response_id, stream=True,
-                                                                starting_after=seen[-1]["sequence_number"])]
+    rest = [
+        e.model_dump()
+        for e in client.responses.retrieve(response_id, stream=True, starting_after=seen[-1]["sequence_number"])
+    ]
     whole = seen + rest
     assert_well_formed_stream(whole)
     final = client.responses.retrieve(response_id).model_dump()
@@ -115,8 +118,9 @@ def test_cancel_while_the_owner_is_dead_wins(database_url: str, server_factory: 
 def test_two_replicas_survivor_finishes_the_run(database_url: str, server_factory: ServerFactory) -> None:
     a = server_factory(database_url).start()
     b = server_factory(database_url).start()
-    response = client_for(a.url).responses.create(input="replicated", max_output_tokens=400, background=True,
-                                                  extra_body={"seed": 9})
+    response = client_for(a.url).responses.create(
+        input="replicated", max_output_tokens=400, background=True, extra_body={"seed": 9}
+    )
     deadline = time.monotonic() + 60
     owner = None
     while owner is None and time.monotonic() < deadline:
@@ -139,8 +143,11 @@ def test_two_replicas_survivor_finishes_the_run(database_url: str, server_factor
 def test_rebuild_projections_gives_identical_tables(database_url: str, server_factory: ServerFactory) -> None:
     server = server_factory(database_url).start()
     client = client_for(server.url)
-    first = client.responses.create(input=[{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
-                                    max_output_tokens=20, instructions="Be terse.")
+    first = client.responses.create(
+        input=[{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+        max_output_tokens=20,
+        instructions="Be terse.",
+    )
     client.responses.create(input="three", previous_response_id=first.id, max_output_tokens=20)
     long = client.responses.create(input="cancel me", max_output_tokens=3000, background=True)
     while not client.responses.retrieve(long.id).output:
@@ -155,8 +162,12 @@ def test_rebuild_projections_gives_identical_tables(database_url: str, server_fa
     }
     before = {name: _query(database_url, sql) for name, sql in tables.items()}
     assert len(before["responses"]) == 3
-    subprocess.run([sys.executable, "-m", "service", "rebuild-projections"], cwd=ROOT, check=True,
-                   env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        [sys.executable, "-m", "service", "rebuild-projections"],
+        cwd=ROOT,
+        check=True,
+        env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
+    )
     after = {name: _query(database_url, sql) for name, sql in tables.items()}
     assert after == before
 
@@ -173,8 +184,10 @@ def test_sigterm_hands_runs_over_and_ends_streams_cleanly(database_url: str, ser
     seen += [e.model_dump() for e in stream]
     assert time.monotonic() - started < 15
     client_b = client_for(b.url)
-    seen += [e.model_dump() for e in client_b.responses.retrieve(
-        response.id, stream=True, starting_after=seen[-1]["sequence_number"])]
+    seen += [
+        e.model_dump()
+        for e in client_b.responses.retrieve(response.id, stream=True, starting_after=seen[-1]["sequence_number"])
+    ]
     assert_well_formed_stream(seen)
 
 

@@ -21,8 +21,10 @@ async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 def _events(first: int, count: int) -> list[dict[str, object]]:
-    return [{"type": "response.output_text.delta", "sequence_number": n, "delta": f"t{n}"}
-            for n in range(first, first + count)]
+    return [
+        {"type": "response.output_text.delta", "sequence_number": n, "delta": f"t{n}"}
+        for n in range(first, first + count)
+    ]
 
 
 async def _append(db: AsyncEngine, response_id: str, events: list[dict[str, object]]) -> int:
@@ -61,6 +63,7 @@ async def test_duplicate_sequence_number_fails_and_writes_nothing(db: AsyncEngin
 async def test_concurrent_appenders_exactly_one_wins_each_sequence_number(db: AsyncEngine, database_url: str) -> None:
     writers = [create_engine(database_url) for _ in range(4)]
     try:
+
         async def contend(writer: AsyncEngine, tag: str) -> list[int]:
             won = []
             for n in range(10):
@@ -126,9 +129,18 @@ async def test_tailing_by_position_never_skips_a_late_commit(db: AsyncEngine, da
 async def test_facts_are_kept_per_response_in_order(db: AsyncEngine) -> None:
     async with db.begin() as connection:
         await event_log.append_fact(connection, "resp_a", "request", {"x": 1})
-        await event_log.append_facts(connection, [("resp_a", "tokens", {"ids": [5]}), ("resp_b", "tokens", {"ids": [7]}),
-                                                  ("resp_a", "tokens", {"ids": [6]})])
+        await event_log.append_facts(
+            connection,
+            [
+                ("resp_a", "tokens", {"ids": [5]}),
+                ("resp_b", "tokens", {"ids": [7]}),
+                ("resp_a", "tokens", {"ids": [6]}),
+            ],
+        )
     async with db.connect() as connection:
         facts = await event_log.read_facts(connection, "resp_a")
-    assert [(f.kind, f.data) for f in facts] == [("request", {"x": 1}), ("tokens", {"ids": [5]}),
-                                                 ("tokens", {"ids": [6]})]
+    assert [(f.kind, f.data) for f in facts] == [
+        ("request", {"x": 1}),
+        ("tokens", {"ids": [5]}),
+        ("tokens", {"ids": [6]}),
+    ]

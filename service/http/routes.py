@@ -38,8 +38,9 @@ async def _json_body(request: Request) -> Any:
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest("We could not parse the JSON body of your request. Send valid JSON.",
-                             code="invalid_json") from None
+        raise InvalidRequest(
+            "We could not parse the JSON body of your request. Send valid JSON.", code="invalid_json"
+        ) from None
 
 
 async def create_response(request: Request) -> Response:
@@ -47,8 +48,13 @@ async def create_response(request: Request) -> Response:
     create = parse_create_request(await _json_body(request))
     created = await commands.create(create)
     if create.stream:
-        return _stream(request, created.response_id, after=-1, cancel_on_disconnect=not create.background,
-                       forget_at_end=not create.store)
+        return _stream(
+            request,
+            created.response_id,
+            after=-1,
+            cancel_on_disconnect=not create.background,
+            forget_at_end=not create.store,
+        )
     if create.background:
         return JSONResponse(await commands.get(created.response_id))
     return await _wait_for_end(request, created.response_id, forget_at_end=not create.store)
@@ -61,8 +67,14 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
 
     async def consume() -> dict[str, Any]:
         last: dict[str, Any] = {}
-        async for stored in tail_events(state.db, state.notifier, response_id, after=-1,
-                                        poll_interval=state.settings.poll_interval_seconds, draining=state.draining):
+        async for stored in tail_events(
+            state.db,
+            state.notifier,
+            response_id,
+            after=-1,
+            poll_interval=state.settings.poll_interval_seconds,
+            draining=state.draining,
+        ):
             last = stored.payload()  # tail_events ends at the terminal event
         return last
 
@@ -89,16 +101,23 @@ async def _disconnected(request: Request) -> None:
         await asyncio.sleep(0.25)
 
 
-def _stream(request: Request, response_id: str, *, after: int, cancel_on_disconnect: bool,
-            forget_at_end: bool = False) -> StreamingResponse:
+def _stream(
+    request: Request, response_id: str, *, after: int, cancel_on_disconnect: bool, forget_at_end: bool = False
+) -> StreamingResponse:
     state = request.app.state
     commands = _commands(request)
 
     async def frames() -> AsyncIterator[bytes]:
         finished = False
         try:
-            async for stored in tail_events(state.db, state.notifier, response_id, after=after,
-                                            poll_interval=state.settings.poll_interval_seconds, draining=state.draining):
+            async for stored in tail_events(
+                state.db,
+                state.notifier,
+                response_id,
+                after=after,
+                poll_interval=state.settings.poll_interval_seconds,
+                draining=state.draining,
+            ):
                 yield sse_frame(stored)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
@@ -123,8 +142,11 @@ async def retrieve_response(request: Request) -> Response:
     async with request.app.state.db.connect() as connection:
         last = await event_log.last_sequence_number(connection, response_id)
     if after > last:
-        raise InvalidRequest(f"starting_after={after} is past the last event of this response ({last}).",
-                             param="starting_after", code="invalid_starting_after")
+        raise InvalidRequest(
+            f"starting_after={after} is past the last event of this response ({last}).",
+            param="starting_after",
+            code="invalid_starting_after",
+        )
     return _stream(request, response_id, after=after, cancel_on_disconnect=False)
 
 
@@ -138,8 +160,9 @@ def _starting_after(request: Request) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidRequest(f"{param} must be an integer, got {raw!r}.", param=param,
-                             code="invalid_starting_after") from None
+        raise InvalidRequest(
+            f"{param} must be an integer, got {raw!r}.", param=param, code="invalid_starting_after"
+        ) from None
     if value < -1:
         raise InvalidRequest(f"{param} must be -1 or greater.", param=param, code="invalid_starting_after")
     return value
@@ -182,35 +205,62 @@ async def list_input_items(request: Request) -> Response:
             raise InvalidRequest(f"No input item with id '{cursor}' in this response.", param=cursor_name)
         position = ids.index(cursor)
         if cursor_name == "after":
-            items, ids = items[position + 1:], ids[position + 1:]
+            items, ids = items[position + 1 :], ids[position + 1 :]
         else:
             items, ids = items[:position], ids[:position]
     page = items[:limit]
-    return JSONResponse({
-        "object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit,
-    })
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
 
 
 async def list_models(request: Request) -> Response:
     runtime = request.app.state.runtime
-    return JSONResponse({"object": "list", "data": [
-        {"id": runtime.model_id, "object": "model", "created": int(request.app.state.started_at),
-         "owned_by": "responses-service", "info": runtime.info},
-    ]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": runtime.model_id,
+                    "object": "model",
+                    "created": int(request.app.state.started_at),
+                    "owned_by": "responses-service",
+                    "info": runtime.info,
+                },
+            ],
+        }
+    )
 
 
 async def retrieve_model(request: Request) -> Response:
     runtime = request.app.state.runtime
     if request.path_params["model_id"] != runtime.model_id:
         raise NotFound(f"The model '{request.path_params['model_id']}' does not exist.", param="model")
-    return JSONResponse({"id": runtime.model_id, "object": "model", "created": int(request.app.state.started_at),
-                         "owned_by": "responses-service", "info": runtime.info})
+    return JSONResponse(
+        {
+            "id": runtime.model_id,
+            "object": "model",
+            "created": int(request.app.state.started_at),
+            "owned_by": "responses-service",
+            "info": runtime.info,
+        }
+    )
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok", "worker_id": request.app.state.settings.worker_id,
-                         "active_runs": len(request.app.state.supervisor.active)})
+    return JSONResponse(
+        {
+            "status": "ok",
+            "worker_id": request.app.state.settings.worker_id,
+            "active_runs": len(request.app.state.supervisor.active),
+        }
+    )
 
 
 routes = [

@@ -13,8 +13,15 @@ from service.store import event_log, read_models
 from service.store.event_log import StoredEvent
 
 
-async def tail_events(db: AsyncEngine, notifier: Notifier, response_id: str, *, after: int,
-                      poll_interval: float, draining: asyncio.Event | None = None) -> AsyncIterator[StoredEvent]:
+async def tail_events(
+    db: AsyncEngine,
+    notifier: Notifier,
+    response_id: str,
+    *,
+    after: int,
+    poll_interval: float,
+    draining: asyncio.Event | None = None,
+) -> AsyncIterator[StoredEvent]:
     """Every event with sequence_number > after, in order, ending with the terminal event
     (or when the response is deleted, or the server is shutting down: the client resumes
     elsewhere with starting_after). Events are read from the log, so a client never sees

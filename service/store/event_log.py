@@ -68,8 +68,13 @@ async def append_events(connection: AsyncConnection, response_id: str, stream_ev
         return 0
     now = datetime.now(UTC)
     rows = [
-        {"response_id": response_id, "sequence_number": event["sequence_number"], "type": event["type"],
-         "data": encode(event), "created_at": now}
+        {
+            "response_id": response_id,
+            "sequence_number": event["sequence_number"],
+            "type": event["type"],
+            "data": encode(event),
+            "created_at": now,
+        }
         for event in stream_events
     ]
     try:
@@ -108,7 +113,9 @@ async def read_events(
     return [StoredEvent(*row) for row in await connection.execute(query)]
 
 
-async def read_all_events(connection: AsyncConnection, *, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+async def read_all_events(
+    connection: AsyncConnection, *, after_position: int = 0, limit: int = 1000
+) -> list[StoredEvent]:
     """The whole log in position order (catch-up runners, rebuilds)."""
     query = (
         sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)

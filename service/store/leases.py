@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -25,20 +26,27 @@ class ClaimedRun:
     claims: int  # how many times the run has been claimed, this claim included
 
 
-async def enqueue(connection: AsyncConnection, response_id: str, *, background: bool, owner: str | None,
-                  lease_seconds: float) -> None:
+async def enqueue(
+    connection: AsyncConnection, response_id: str, *, background: bool, owner: str | None, lease_seconds: float
+) -> None:
     now = time.time()
     await connection.execute(
         sa.insert(runs).values(
-            response_id=response_id, background=background, done=False, owner=owner,
-            lease_expires_at=(now + lease_seconds) if owner else None, cancel_requested=False,
-            claims=1 if owner else 0, enqueued_at=now,
+            response_id=response_id,
+            background=background,
+            done=False,
+            owner=owner,
+            lease_expires_at=(now + lease_seconds) if owner else None,
+            cancel_requested=False,
+            claims=1 if owner else 0,
+            enqueued_at=now,
         )
     )
 
 
-async def claim(connection: AsyncConnection, owner: str, *, lease_seconds: float, limit: int,
-                cancelled_only: bool = False) -> list[ClaimedRun]:
+async def claim(
+    connection: AsyncConnection, owner: str, *, lease_seconds: float, limit: int, cancelled_only: bool = False
+) -> list[ClaimedRun]:
     """Take up to `limit` unowned or expired runs, oldest first. Safe across replicas on PostgreSQL."""
     now = time.time()
     query = (
@@ -56,8 +64,11 @@ async def claim(connection: AsyncConnection, owner: str, *, lease_seconds: float
     for response_id, background, cancel_requested, claims in rows:
         result = await connection.execute(
             sa.update(runs)
-            .where(runs.c.response_id == response_id, runs.c.done.is_(False),
-                   sa.or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now))
+            .where(
+                runs.c.response_id == response_id,
+                runs.c.done.is_(False),
+                sa.or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now),
+            )
             .values(owner=owner, lease_expires_at=now + lease_seconds, claims=runs.c.claims + 1)
         )
         if result.rowcount == 1:
@@ -65,8 +76,9 @@ async def claim(connection: AsyncConnection, owner: str, *, lease_seconds: float
     return claimed
 
 
-async def fence(connection: AsyncConnection, owner: str, response_ids: Sequence[str], *,
-                lease_seconds: float) -> dict[str, bool]:
+async def fence(
+    connection: AsyncConnection, owner: str, response_ids: Sequence[str], *, lease_seconds: float
+) -> dict[str, bool]:
     """Renew the lease of each run `owner` still holds; returns {response_id: cancel_requested} for those."""
     if not response_ids:
         return {}
@@ -99,11 +111,14 @@ async def request_cancel(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.update(runs).where(runs.c.response_id == response_id).values(cancel_requested=True))
 
 
-async def get_run(connection: AsyncConnection, response_id: str) -> sa.Row[tuple[str, bool, bool, str | None]] | None:
-    row = (await connection.execute(
-        sa.select(runs.c.response_id, runs.c.background, runs.c.done, runs.c.owner)
-        .where(runs.c.response_id == response_id)
-    )).first()
+async def get_run(connection: AsyncConnection, response_id: str) -> Any:
+    row = (
+        await connection.execute(
+            sa.select(runs.c.response_id, runs.c.background, runs.c.done, runs.c.owner).where(
+                runs.c.response_id == response_id
+            )
+        )
+    ).first()
     return row
 
 

@@ -26,7 +26,8 @@ async def insert_response(connection: AsyncConnection, response: dict[str, Any],
 
 async def update_response(connection: AsyncConnection, response: dict[str, Any], *, position: int) -> None:
     await connection.execute(
-        sa.update(responses).where(responses.c.id == response["id"])
+        sa.update(responses)
+        .where(responses.c.id == response["id"])
         .values(**_response_columns(response), last_position=position)
     )
 
@@ -34,29 +35,50 @@ async def update_response(connection: AsyncConnection, response: dict[str, Any],
 def _response_columns(response: dict[str, Any]) -> dict[str, Any]:
     usage = response.get("usage") or {}
     return {
-        "id": response["id"], "status": response["status"], "model": response["model"],
-        "created_at": response["created_at"], "completed_at": response.get("completed_at"),
-        "previous_response_id": response.get("previous_response_id"), "background": bool(response.get("background")),
-        "store": bool(response.get("store", True)), "input_tokens": usage.get("input_tokens"),
-        "output_tokens": usage.get("output_tokens"), "response": encode(response),
+        "id": response["id"],
+        "status": response["status"],
+        "model": response["model"],
+        "created_at": response["created_at"],
+        "completed_at": response.get("completed_at"),
+        "previous_response_id": response.get("previous_response_id"),
+        "background": bool(response.get("background")),
+        "store": bool(response.get("store", True)),
+        "input_tokens": usage.get("input_tokens"),
+        "output_tokens": usage.get("output_tokens"),
+        "response": encode(response),
     }
 
 
-async def insert_items(connection: AsyncConnection, response_id: str, items: Sequence[dict[str, Any]], *,
-                       source: str, first_ordinal: int) -> None:
+async def insert_items(
+    connection: AsyncConnection, response_id: str, items: Sequence[dict[str, Any]], *, source: str, first_ordinal: int
+) -> None:
     if items:
-        await connection.execute(sa.insert(conversation_items), [
-            {"response_id": response_id, "ordinal": first_ordinal + offset, "source": source, "item_id": item["id"],
-             "type": item["type"], "role": item_role(item), "text": item_text(item), "data": encode(item)}
-            for offset, item in enumerate(items)
-        ])
+        await connection.execute(
+            sa.insert(conversation_items),
+            [
+                {
+                    "response_id": response_id,
+                    "ordinal": first_ordinal + offset,
+                    "source": source,
+                    "item_id": item["id"],
+                    "type": item["type"],
+                    "role": item_role(item),
+                    "text": item_text(item),
+                    "data": encode(item),
+                }
+                for offset, item in enumerate(items)
+            ],
+        )
 
 
 async def get_response(connection: AsyncConnection, response_id: str) -> dict[str, Any] | None:
-    row = (await connection.execute(
-        sa.select(responses.c.response, responses.c.last_position, responses.c.status)
-        .where(responses.c.id == response_id)
-    )).first()
+    row = (
+        await connection.execute(
+            sa.select(responses.c.response, responses.c.last_position, responses.c.status).where(
+                responses.c.id == response_id
+            )
+        )
+    ).first()
     if row is None:
         return None
     stored: dict[str, Any] = json.loads(row.response)
@@ -70,7 +92,9 @@ async def exists(connection: AsyncConnection, response_id: str) -> bool:
     return (await connection.scalar(sa.select(responses.c.id).where(responses.c.id == response_id))) is not None
 
 
-async def list_items(connection: AsyncConnection, response_id: str, *, source: str | None = None) -> list[dict[str, Any]]:
+async def list_items(
+    connection: AsyncConnection, response_id: str, *, source: str | None = None
+) -> list[dict[str, Any]]:
     query = sa.select(conversation_items.c.data).where(conversation_items.c.response_id == response_id)
     if source is not None:
         query = query.where(conversation_items.c.source == source)
@@ -83,9 +107,7 @@ async def conversation_history(connection: AsyncConnection, response_id: str) ->
     current: str | None = response_id
     while current is not None and current not in chain:
         chain.append(current)
-        current = await connection.scalar(
-            sa.select(responses.c.previous_response_id).where(responses.c.id == current)
-        )
+        current = await connection.scalar(sa.select(responses.c.previous_response_id).where(responses.c.id == current))
     history: list[dict[str, Any]] = []
     for rid in reversed(chain):
         history += await list_items(connection, rid)
@@ -104,5 +126,6 @@ async def clear_all(connection: AsyncConnection) -> None:
 
 async def finished_unstored(connection: AsyncConnection) -> list[str]:
     query = sa.select(responses.c.id).where(
-        responses.c.store.is_(False), responses.c.status.in_(["completed", "incomplete", "failed", "cancelled"]))
+        responses.c.store.is_(False), responses.c.status.in_(["completed", "incomplete", "failed", "cancelled"])
+    )
     return [row[0] for row in await connection.execute(query)]

@@ -30,13 +30,22 @@ async def rebuild_projections(database_url: str) -> int:
                 facts = await event_log.read_facts(connection, response_id)
                 request = next(f.data for f in facts if f.kind == "request")
                 response = project(payloads)
-                await read_models.insert_response(connection, response,
-                                                  position=max(e.position for e in stored_events))
-                await read_models.insert_items(connection, response_id, request["prompt_items"][
-                    len(request["prompt_items"]) - request["input_item_count"]:], source="input", first_ordinal=0)
+                await read_models.insert_response(connection, response, position=max(e.position for e in stored_events))
+                await read_models.insert_items(
+                    connection,
+                    response_id,
+                    request["prompt_items"][len(request["prompt_items"]) - request["input_item_count"] :],
+                    source="input",
+                    first_ordinal=0,
+                )
                 for index, item in _indexed_output(payloads):
-                    await read_models.insert_items(connection, response_id, [item], source="output",
-                                                   first_ordinal=request["input_item_count"] + index)
+                    await read_models.insert_items(
+                        connection,
+                        response_id,
+                        [item],
+                        source="output",
+                        first_ordinal=request["input_item_count"] + index,
+                    )
         return len(grouped)
     finally:
         await db.dispose()
@@ -53,7 +62,9 @@ async def inspect_response(database_url: str, response_id: str) -> dict[str, Any
         async with db.connect() as connection:
             return {
                 "response": await read_models.get_response(connection, response_id),
-                "facts": [{"kind": f.kind, "data": f.data} for f in await event_log.read_facts(connection, response_id)],
+                "facts": [
+                    {"kind": f.kind, "data": f.data} for f in await event_log.read_facts(connection, response_id)
+                ],
                 "events": [e.payload() for e in await event_log.read_events(connection, response_id)],
             }
     finally:

@@ -36,9 +36,15 @@ class StepOutcome:
 
 
 async def create_response(
-    engine: AsyncEngine, *, request_fact: dict[str, Any], created_event: dict[str, Any],
-    response: dict[str, Any], input_items: Sequence[dict[str, Any]], background: bool,
-    owner: str | None, lease_seconds: float,
+    engine: AsyncEngine,
+    *,
+    request_fact: dict[str, Any],
+    created_event: dict[str, Any],
+    response: dict[str, Any],
+    input_items: Sequence[dict[str, Any]],
+    background: bool,
+    owner: str | None,
+    lease_seconds: float,
 ) -> None:
     response_id = response["id"]
     async with engine.begin() as connection:
@@ -50,8 +56,9 @@ async def create_response(
         await leases.enqueue(connection, response_id, background=background, owner=owner, lease_seconds=lease_seconds)
 
 
-async def commit_step(engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], *,
-                      lease_seconds: float) -> StepOutcome:
+async def commit_step(
+    engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], *, lease_seconds: float
+) -> StepOutcome:
     """Append every run's step in one transaction; a run that lost its lease is skipped, and a
     sequence conflict (a rival owner got there first) drops only that run."""
     try:
@@ -92,8 +99,9 @@ async def _apply_write(connection: Any, write: RunWrite) -> None:
     if done_items:
         indices = [e["output_index"] for e in write.events if e["type"] == "response.output_item.done"]
         for index, item in zip(sorted(indices), done_items, strict=True):
-            await read_models.insert_items(connection, rid, [item], source="output",
-                                           first_ordinal=write.output_ordinal_base + index)
+            await read_models.insert_items(
+                connection, rid, [item], source="output", first_ordinal=write.output_ordinal_base + index
+            )
     if write.projection is not None and position:
         await read_models.update_response(connection, write.projection, position=position)
     if write.terminal:

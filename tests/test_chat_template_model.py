@@ -1,0 +1,61 @@
+"""A non-Harmony model brought by the user: an ONNX decoder in the standard (Optimum) layout with
+a tokenizer.json and a chat template, loaded offline through transformers and served end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.engine.builder import build_random_decoder
+from service.engine.config import DecoderConfig
+from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
+from tests.api_helpers import assert_well_formed_stream, client_for, final_text, text_from_deltas
+from tests.conftest import ROOT, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model_dir = tmp_path_factory.mktemp("models") / "tiny-chatml"
+    tokenizer_dir = tmp_path_factory.mktemp("tokenizer")
+    vocab_size = write_tiny_chat_model_tokenizer(tokenizer_dir)
+    config = DecoderConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                           head_dim=16, intermediate_size=128, max_position=1024, tie_embeddings=True,
+                           eos_token_id=2)
+    build_random_decoder(model_dir, config, seed=3, quantize=True, graph="standard",
+                         extra={"model_id": "tiny-chatml", "chat_format": "chat_template"})
+    for path in tokenizer_dir.iterdir():
+        (model_dir / path.name).write_bytes(path.read_bytes())
+    return model_dir
+
+
+def test_model_info_reports_an_int8_standard_graph(chat_model_dir: Path) -> None:
+    output = subprocess.run([sys.executable, "-m", "service", "model", "info", str(chat_model_dir)], cwd=ROOT,
+                            check=True, capture_output=True, text=True).stdout
+    info = json.loads(output)
+    assert info["model_id"] == "tiny-chatml"
+    assert info["quantization"]["weight_type"] == "int8"
+    int8_ops = sum(info["op_counts"].get(op, 0) for op in ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits"))
+    assert int8_ops > 0, info["op_counts"]
+    assert info["int8_kernel"] in ("avx512_vnni", "avx_vnni", "amx_int8") or info["int8_kernel"].startswith("avx2")
+    assert info["cpu"]["avx2"] is True and "onnxruntime" in info
+
+
+def test_chat_template_model_serves_plain_and_streaming(
+    chat_model_dir: Path, database_url: str, server_factory: Callable[..., ServerProcess]
+) -> None:
+    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    client = client_for(server.url)
+    assert [m.id for m in client.models.list().data] == ["tiny-chatml"]
+    response = client.responses.create(input="Hello", instructions="Be brief.", max_output_tokens=20)
+    assert response.model == "tiny-chatml"
+    assert [item.type for item in response.output] == ["message"]
+    events = [e.model_dump() for e in client.responses.create(input="Stream it", max_output_tokens=20, stream=True)]
+    assert_well_formed_stream(events)
+    assert final_text(events[-1]["response"]) == text_from_deltas(events)
+    follow = client.responses.create(input="More", previous_response_id=response.id, max_output_tokens=5)
+    assert follow.usage and response.usage and follow.usage.input_tokens > response.usage.input_tokens
