@@ -138,9 +138,10 @@ def test_batched_step_is_batch_invariant(contrib_int8_dir: Path, threads: int) -
     together draw exactly what each draws alone: same tokens, same logprobs, bit for bit. This is what
     lets a resume (replayed at batch 1) reproduce a run that was decoded in a batch."""
     rng = np.random.default_rng(3)
+    lengths, starts, news = rng.integers(1, 30, 9), rng.integers(0, 900, 9), rng.integers(2, 14, 9)
     specs = [
         (prompt(int(n), start=int(s)), _sampled(int(m), seed=i, top_logprobs=3))
-        for i, (n, s, m) in enumerate(zip(rng.integers(1, 30, 9), rng.integers(0, 900, 9), rng.integers(2, 14, 9)))
+        for i, (n, s, m) in enumerate(zip(lengths, starts, news, strict=True))
     ]
     alone: dict[str, list[object]] = {}
     for i, (ids, params) in enumerate(specs):

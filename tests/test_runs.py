@@ -1,0 +1,144 @@
+"""The run supervisor with an engine double, on SQLite and PostgreSQL: group commit,
+fencing by lease, cancellation within one step."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from service.commands import Commands
+from service.config import Settings
+from service.model_runtime import ModelRuntime
+from service.notify import Notifier
+from service.protocol import parse_create_request
+from service.runs import RunSupervisor
+from service.store import event_log, recorder
+from service.store.db import create_engine, migrate
+from tests.doubles import CharFormat, ScriptedEngine
+
+
+@dataclass
+class Harness:
+    commands: Commands
+    supervisor: RunSupervisor
+    engine: ScriptedEngine
+    db: Any
+
+
+@pytest.fixture
+async def harness(database_url: str) -> AsyncIterator[Harness]:
+    await migrate(database_url)
+    db = create_engine(database_url)
+    engine = ScriptedEngine("the quick brown fox jumps over the lazy dog", step_delay=0.01)
+    runtime = ModelRuntime("scripted", engine, CharFormat())  # type: ignore[arg-type]
+    settings = Settings(database_url=database_url, worker_id="worker-a", max_active_runs=3, lease_seconds=30,
+                        claim_interval_seconds=0.05, poll_interval_seconds=0.05)
+    notifier = Notifier()
+    supervisor = RunSupervisor(db, runtime, notifier, settings)
+    yield Harness(Commands(db, runtime, supervisor, notifier, settings), supervisor, engine, db)
+    await supervisor.stop()
+    await db.dispose()
+
+
+async def _create(harness: Harness, **body: Any) -> str:
+    created = await harness.commands.create(parse_create_request({"input": "x", "background": True, **body}))
+    return created.response_id
+
+
+async def _wait(predicate: Any, timeout: float = 20) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def _events(harness: Harness, response_id: str) -> list[dict[str, Any]]:
+    async with harness.db.connect() as connection:
+        return [e.payload() for e in await event_log.read_events(connection, response_id)]
+
+
+async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    batches: list[int] = []
+    original = recorder.commit_step
+
+    async def counting(db: Any, owner: str, writes: Any, **kwargs: Any) -> Any:
+        batches.append(len(writes))
+        return await original(db, owner, writes, **kwargs)
+
+    monkeypatch.setattr(recorder, "commit_step", counting)
+    ids = [await _create(harness) for _ in range(3)]
+    await harness.supervisor.start()
+
+    async def all_done() -> bool:
+        statuses = [(await harness.commands.get(rid))["status"] for rid in ids]
+        return all(status == "completed" for status in statuses)
+
+    await _wait(all_done)
+    assert max(batches) == 3, "the three runs' tokens were committed together"
+    script_steps = len(harness.engine.script) + 1
+    assert sum(batches) >= 3 * script_steps
+    assert len(batches) < 3 * script_steps * 0.6, f"{len(batches)} commits for {3 * script_steps} run-steps"
+    for rid in ids:
+        final = await harness.commands.get(rid)
+        assert final["output"][0]["content"][0]["text"] == harness.engine.script
+
+
+async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> None:
+    harness.engine.step_delay = 0.05
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def generating() -> bool:
+        return len(await _events(harness, rid)) > 5
+
+    await _wait(generating)
+    async with harness.db.begin() as connection:  # another replica claims the run
+        await connection.execute(sa.text("UPDATE runs SET owner = 'worker-b', lease_expires_at = 1e12"))
+    await asyncio.sleep(0.3)
+    count = len(await _events(harness, rid))
+    await asyncio.sleep(0.5)
+    assert len(await _events(harness, rid)) == count, "the stale owner appended after losing the run"
+    assert rid not in harness.supervisor.active
+    assert harness.engine.active_sequence_ids() == []
+
+
+async def test_cancel_is_seen_within_one_step(harness: Harness) -> None:
+    harness.engine.step_delay = 0.05
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def generating() -> bool:
+        return len(await _events(harness, rid)) > 5
+
+    await _wait(generating)
+    before = len(await _events(harness, rid))
+    final = await harness.commands.cancel(rid)
+    events = await _events(harness, rid)
+    assert final["status"] == "cancelled"
+    assert events[-1]["type"] == "response.incomplete"
+    # deltas after the cancel request: at most the step in flight and the one that saw it
+    assert len([e for e in events[before:] if e["type"] == "response.output_text.delta"]) <= 3
+
+
+async def test_a_sequence_conflict_drops_only_that_run(harness: Harness) -> None:
+    first, second = await _create(harness), await _create(harness)
+    async with harness.db.begin() as connection:
+        await connection.execute(sa.text("UPDATE runs SET owner = 'worker-a', lease_expires_at = 1e12"))
+    taken = {"type": "response.in_progress", "sequence_number": 1}
+    outcome = await recorder.commit_step(harness.db, "worker-a", [
+        recorder.RunWrite(first, events=[taken]),
+        recorder.RunWrite(second, events=[taken]),
+    ], lease_seconds=30)
+    assert outcome.lost == set()
+    outcome = await recorder.commit_step(harness.db, "worker-a", [
+        recorder.RunWrite(first, events=[taken]),  # sequence number 1 is taken now
+        recorder.RunWrite(second, events=[{"type": "response.output_text.delta", "sequence_number": 2}]),
+    ], lease_seconds=30)
+    assert outcome.lost == {first}
+    assert [e["sequence_number"] for e in await _events(harness, second)] == [0, 1, 2]
+    assert [e["sequence_number"] for e in await _events(harness, first)] == [0, 1]

@@ -1,0 +1,97 @@
+"""The stream builder (chunks -> events) and the projection (events -> Response) are pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.projection import finished_output_items, project
+from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
+from service.protocol import initial_response, parse_create_request
+from service.stream_builder import StreamBuilder
+
+
+def _builder() -> StreamBuilder:
+    request = parse_create_request({"input": "hi"})
+    return StreamBuilder(initial_response(request, response_id="resp_test", model="m", created_at=1.0,
+                                          max_output_tokens=10))
+
+
+def _run(builder: StreamBuilder, ending: str = "stop") -> list[dict[str, Any]]:
+    events = builder.created() + builder.in_progress()
+    events += builder.feed([ItemStarted("reasoning"), ItemDelta("think")])
+    events += builder.feed([ItemDelta("ing"), ItemEnded()])
+    events += builder.feed([ItemStarted("function_call", name="lookup"), ItemDelta('{"q":'), ItemDelta('"x"}'),
+                            ItemEnded()])
+    events += builder.feed([ItemStarted("message"), ItemDelta("Hel"), ItemDelta("lo")])
+    events += builder.finish(ending, input_tokens=5, output_tokens=9, completed_at=2.0)  # type: ignore[arg-type]
+    return events
+
+
+def test_event_order_and_contiguous_sequence_numbers() -> None:
+    events = _run(_builder())
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed",
+    ]  # fmt: skip
+    final = events[-1]["response"]
+    assert final["status"] == "completed"
+    assert [i["type"] for i in final["output"]] == ["reasoning", "function_call", "message"]
+    assert final["output"][1]["arguments"] == '{"q":"x"}' and final["output"][1]["name"] == "lookup"
+    assert final["output"][2]["content"][0]["text"] == "Hello"
+    assert final["usage"]["total_tokens"] == 14
+
+
+def test_same_input_same_events() -> None:
+    assert _run(_builder()) == _run(_builder())
+
+
+@pytest.mark.parametrize(("ending", "event_type", "status"), [
+    ("length", "response.incomplete", "incomplete"),
+    ("cancelled", "response.incomplete", "cancelled"),
+    ("failed", "response.failed", "failed"),
+])  # fmt: skip
+def test_cut_short_runs_close_the_open_item_as_incomplete(ending: str, event_type: str, status: str) -> None:
+    events = _run(_builder(), ending)
+    assert events[-1]["type"] == event_type
+    final = events[-1]["response"]
+    assert final["status"] == status
+    assert final["output"][-1]["status"] == "incomplete"
+    if ending == "length":
+        assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    if ending == "failed":
+        assert final["error"]["code"] == "server_error"
+
+
+def test_exactly_one_terminal_event() -> None:
+    builder = _builder()
+    _run(builder)
+    with pytest.raises(AssertionError):
+        builder.finish("stop", input_tokens=1, output_tokens=1)
+
+
+def test_projection_of_the_whole_log_is_the_terminal_response() -> None:
+    events = _run(_builder())
+    assert project(events) == events[-1]["response"]
+    assert finished_output_items(events) == events[-1]["response"]["output"]
+
+
+def test_projection_of_a_partial_log_shows_text_so_far() -> None:
+    events = _run(_builder())
+    cut = next(i for i, e in enumerate(events) if e["type"] == "response.output_text.delta") + 1
+    partial = project(events[:cut])
+    assert partial["status"] == "in_progress"
+    assert partial["output"][2]["content"][0]["text"] == "Hel"
+    assert partial["output"][2]["status"] == "in_progress"
+    # folding the rest onto a stored snapshot gives the same as folding everything
+    assert project(events[cut:], base=partial) == project(events)
