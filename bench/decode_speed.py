@@ -1,7 +1,7 @@
 """Prefill and decode speed on random-weight models: Qwen2.5-0.5B's shape, and the built-in model.
 
     .venv/bin/python -m bench.decode_speed [--work-dir DIR] [--threads 2] [--prompt 128] [--new 128]
-        [--batches 1,2,4,8] [--sweep-new 32] [--rounds 3] [--genai-python PY] [--standard]
+        [--parts batch1,sweep] [--batches 1,2,4,8] [--sweep-new 32] [--rounds 3] [--genai-python PY] [--standard]
 
 Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over --new tokens):
   * OnnxEngine on the service's own int8 graph (contrib ops: GroupQueryAttention, MatMulNBits int8);
@@ -295,10 +295,19 @@ def main() -> None:
     ap.add_argument("--sweep-new", type=int, default=32, help="decoded tokens per sequence in the sweep")
     ap.add_argument("--genai-python", default=None, help="python with torch + onnxruntime-genai (the builder)")
     ap.add_argument("--no-genai-build", action="store_true", help="skip the genai-built model")
+    ap.add_argument("--parts", default="batch1,sweep", help="which tables: batch1 (incl. genai), sweep")
     ap.add_argument("--standard", action="store_true", help="also the standard-op graph (quantize_dynamic)")
     args = ap.parse_args()
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, CONFIG.vocab_size, args.prompt)]
     contrib = ensure_model(args.work_dir / "contrib-int8", "contrib")
+    parts = set(args.parts.split(","))
+    if "batch1" in parts:
+        batch_one(args, contrib, prompt)
+    if "sweep" in parts:
+        batch_sweep(args, contrib)
+
+
+def batch_one(args: argparse.Namespace, contrib: Path, prompt: list[int]) -> None:
     runs: dict[str, Callable[[], Result]] = {
         "OnnxEngine, service int8 graph": lambda: bench_engine(contrib, args.threads, prompt, args.new),
         "genai runtime, service int8 graph": lambda: bench_genai_on_ours(contrib, args.threads, prompt, args.new),
@@ -326,9 +335,9 @@ def main() -> None:
         else:
             print(f"  {name:40s} {result[0]:9.1f} {result[1]:8.1f}")
 
+
+def batch_sweep(args: argparse.Namespace, contrib: Path) -> None:
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
-    if not batches:
-        return
     engines = {
         "qwen2.5-0.5b shape": OnnxEngine(contrib, intra_op_threads=args.threads),
         "built-in": OnnxEngine(ensure_builtin_model(progress=False), intra_op_threads=args.threads),

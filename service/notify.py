@@ -1,7 +1,7 @@
-""" "The log grew" signals. In-process waiters are woken directly after a commit; on
-PostgreSQL, LISTEN/NOTIFY carries the same signal to other replicas. Readers always
-re-read the log after a wake-up (and poll on a timeout), so a lost signal costs
-latency, never correctness."""
+""" "The log grew" signals. After a commit, in-process waiters are woken and handed the
+committed events themselves (so a live tail needs no extra read); on PostgreSQL,
+LISTEN/NOTIFY carries the wake-up to other replicas, whose readers then read the log.
+A lost signal costs latency (readers poll on a timeout), never correctness."""
 
 from __future__ import annotations
 
@@ -9,58 +9,67 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from service.store.event_log import StoredEvent
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "service_log"
 
 
+class _Waiter:
+    def __init__(self) -> None:
+        self.woken = asyncio.Event()
+        self.events: list[StoredEvent] = []
+
+
 class Notifier:
     def __init__(self) -> None:
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._listeners: list[Callable[[list[str]], None]] = []
+        self._waiters: dict[str, set[_Waiter]] = defaultdict(set)
         self._pg_connection: Any = None
 
-    def publish_local(self, response_ids: Iterable[str]) -> None:
-        ids = list(response_ids)
-        for response_id in ids:
+    def publish_local(
+        self, response_ids: Iterable[str], committed: Mapping[str, Sequence[StoredEvent]] | None = None
+    ) -> None:
+        for response_id in response_ids:
             for waiter in self._waiters.get(response_id, ()):
-                waiter.set()
-        for listener in self._listeners:
-            listener(ids)
+                if committed is not None:
+                    waiter.events.extend(committed.get(response_id, ()))
+                waiter.woken.set()
 
     def wake_all(self) -> None:
         """Wake every waiter (shutdown: SSE tails re-check and end)."""
         for waiters in self._waiters.values():
             for waiter in waiters:
-                waiter.set()
+                waiter.woken.set()
 
-    def add_listener(self, listener: Callable[[list[str]], None]) -> None:
-        """Called with the ids of every batch (used by the run supervisor to see cancels and new runs)."""
-        self._listeners.append(listener)
-
-    async def publish(self, response_ids: Iterable[str]) -> None:
+    async def publish(
+        self, response_ids: Iterable[str], committed: Mapping[str, Sequence[StoredEvent]] | None = None
+    ) -> None:
+        """Call only after the commit: waiters may send what they are handed at once."""
         ids = list(response_ids)
-        self.publish_local(ids)
+        self.publish_local(ids, committed)
         if self._pg_connection is not None and ids:
             with contextlib.suppress(Exception):  # a replica missing a signal falls back to polling
                 await self._pg_connection.execute("SELECT pg_notify($1, $2)", CHANNEL, ",".join(ids)[:7900])
 
-    async def wait(self, response_id: str, timeout: float) -> None:
-        """Return when the response's log may have grown, or after `timeout` seconds."""
-        waiter = asyncio.Event()
+    async def wait(self, response_id: str, timeout: float) -> list[StoredEvent]:
+        """Return when the response's log may have grown (with the committed events when this
+        process wrote them), or after `timeout` seconds with nothing."""
+        waiter = _Waiter()
         self._waiters[response_id].add(waiter)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), timeout)
+                await asyncio.wait_for(waiter.woken.wait(), timeout)
         finally:
             waiters = self._waiters.get(response_id)
             if waiters is not None:
                 waiters.discard(waiter)
                 if not waiters:
                     del self._waiters[response_id]
+        return waiter.events
 
     async def start_postgres(self, dsn: str) -> None:
         """LISTEN for other replicas' commits (asyncpg DSN, no SQLAlchemy driver suffix)."""

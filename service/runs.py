@@ -101,6 +101,7 @@ class RunSupervisor:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: asyncio.Future[None] | None = None  # the previous step's commit
         # The engine is not thread-safe; one worker thread runs every engine call in order.
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -123,6 +124,8 @@ class RunSupervisor:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        with contextlib.suppress(Exception):
+            await self._flush()
         if self.active:
             with contextlib.suppress(Exception):
                 await recorder.release(self.db, self.owner, list(self.active))
@@ -140,22 +143,35 @@ class RunSupervisor:
 
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
+        next_claim = 0.0
         while not self._stopping:
             try:
-                await self._admit()
+                # Look for work when woken (new run, cancel) or every claim interval; not every step.
+                if self._wake.is_set() or time.monotonic() >= next_claim:
+                    self._wake.clear()
+                    await self._admit()
+                    next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
+                    await self._flush()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.claim_interval_seconds)
-                    self._wake.clear()
                     continue
                 await self._step()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("run loop iteration failed; retrying")
+                self._inflight = None
                 await asyncio.sleep(0.5)
 
+    async def _flush(self) -> None:
+        """Wait for the commit of the previous step (it overlaps the next engine step)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            await inflight
+
     async def _admit(self) -> None:
+        await self._flush()
         async with self.db.begin() as connection:
             claimed = await leases.claim(
                 connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=100, cancelled_only=True
@@ -231,13 +247,21 @@ class RunSupervisor:
             await self._commit([write])
 
     async def _step(self) -> None:
-        for run in [r for r in self.active.values() if r.cancel_requested]:
-            await self._drop(run.response_id)
-            await self._commit_alone(run, "cancelled")
+        cancelled = [r for r in self.active.values() if r.cancel_requested]
+        if cancelled:
+            await self._flush()
+            for run in cancelled:
+                await self._drop(run.response_id)
+                await self._commit_alone(run, "cancelled")
         if not self.active:
             return
+        # Pipelining: the engine computes step N+1 while step N's transaction commits. Clients
+        # only ever read committed events, so write-before-send holds; a run found lost or
+        # cancelled by that commit simply has its extra token discarded.
+        step = asyncio.ensure_future(self._in_engine(self.runtime.engine.step))
+        await self._flush()  # never raises: a failed commit hands its runs back to the log
         try:
-            outputs = await self._in_engine(self.runtime.engine.step)
+            outputs = await step
         except Exception as exc:
             log.exception("engine step failed")
             for run in list(self.active.values()):
@@ -245,7 +269,7 @@ class RunSupervisor:
                 await self._commit_alone(run, "failed", {"code": "server_error", "message": f"engine error: {exc}"})
             return
         writes = [self._advance(self.active[rid], output) for rid, output in outputs.items() if rid in self.active]
-        await self._commit(writes)
+        self._inflight = asyncio.ensure_future(self._commit(writes))
 
     def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
         write = run.write()
@@ -266,14 +290,27 @@ class RunSupervisor:
     async def _commit(self, writes: list[RunWrite]) -> None:
         if not writes:
             return
-        outcome = await recorder.commit_step(self.db, self.owner, writes, lease_seconds=self.settings.lease_seconds)
+        try:
+            outcome = await recorder.commit_step(self.db, self.owner, writes, lease_seconds=self.settings.lease_seconds)
+        except Exception:
+            # Memory is now ahead of the log. Forget these runs and hand them back: they are
+            # claimed again and rebuilt from what was committed, so the stream stays contiguous.
+            log.exception("commit failed; handing %d run(s) back to the log", len(writes))
+            for write in writes:
+                await self._drop(write.response_id)
+            with contextlib.suppress(Exception):
+                await recorder.release(self.db, self.owner, [w.response_id for w in writes])
+            return
         for rid in outcome.lost:
             log.warning("run %s is no longer ours; dropping it", rid)
             await self._drop(rid)
         for rid, cancel in outcome.cancel_requested.items():
             if cancel and rid in self.active:
                 self.active[rid].cancel_requested = True
-        await self.notifier.publish(w.response_id for w in writes if w.response_id not in outcome.lost)
+        committed = {w.response_id: w.events for w in writes if w.response_id not in outcome.lost}
+        await self.notifier.publish(
+            committed, {rid: [stored(rid, e) for e in events] for rid, events in committed.items()}
+        )
 
     async def _commit_alone(self, run: ActiveRun, ending: Ending, error: dict[str, str] | None = None) -> None:
         write = run.write()
@@ -318,6 +355,11 @@ class RunSupervisor:
                     if cancel and rid in self.active:
                         self.active[rid].cancel_requested = True
                         self.wake()
+
+
+def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:
+    """A committed event as readers of the log see it (position is not needed to stream it)."""
+    return event_log.StoredEvent(0, response_id, event["sequence_number"], event["type"], event_log.encode(event))
 
 
 def sampling_fact(

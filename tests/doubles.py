@@ -23,8 +23,14 @@ class ScriptedEngine:
         self.sequences: dict[str, tuple[int, SamplingParams]] = {}
         self.steps = 0
 
-    def add_sequence(self, seq_id: str, prompt_ids: Sequence[int], params: SamplingParams,
-                     constraint: LogitsConstraint | None = None, generated_ids: Sequence[int] = ()) -> None:
+    def add_sequence(
+        self,
+        seq_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        constraint: LogitsConstraint | None = None,
+        generated_ids: Sequence[int] = (),
+    ) -> None:
         self.sequences[seq_id] = (len(generated_ids), params)
 
     def step(self) -> dict[str, TokenOutput]:

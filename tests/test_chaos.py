@@ -26,31 +26,41 @@ TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 def run_chaos(database_url: str, *, runs: int, kills: int, seed: int, log_dir: Path) -> dict[str, Any]:
     rng = random.Random(seed)
-    servers = 0
+    started: list[ServerProcess] = []
 
     def start() -> ServerProcess:
-        nonlocal servers
-        servers += 1
-        return ServerProcess(database_url, log_dir / f"chaos-server-{servers}.log", SERVICE_MAX_ACTIVE_RUNS="4").start()
+        server = ServerProcess(database_url, log_dir / f"chaos-server-{len(started)}.log", SERVICE_MAX_ACTIVE_RUNS="4")
+        started.append(server)
+        return server.start()
 
-    server = start()
-    client = client_for(server.url)
-    ids = [
-        client.responses.create(
-            input=f"chaos run {n}", background=True, max_output_tokens=rng.randint(60, 300), extra_body={"seed": n}
-        ).id
-        for n in range(runs)
-    ]
-    cancelled = ids[:: max(1, runs // 3)][:2]
-    for cycle in range(kills):
-        time.sleep(rng.uniform(0.2, 1.5))
-        if cycle == 1:
-            for response_id in cancelled:  # some cancels land between crashes
-                client.with_options(timeout=60).responses.cancel(response_id)
-        server.kill()
+    try:
         server = start()
         client = client_for(server.url)
+        ids = [
+            client.responses.create(
+                input=f"chaos run {n}", background=True, max_output_tokens=rng.randint(60, 300), extra_body={"seed": n}
+            ).id
+            for n in range(runs)
+        ]
+        cancelled = ids[:: max(1, runs // 3)][:2]
+        for cycle in range(kills):
+            time.sleep(rng.uniform(0.2, 1.5))
+            if cycle == 1:
+                for response_id in cancelled:  # some cancels land between crashes
+                    client.with_options(timeout=60).responses.cancel(response_id)
+            server.kill()
+            server = start()
+            client = client_for(server.url)
+        report = _verify(server, client, ids, cancelled)
+    finally:
+        for each in started:
+            each.stop()
+    return {"runs": runs, "kills": kills, "restarts": len(started) - 1, **report}
 
+
+def _verify(server: ServerProcess, client: Any, ids: list[str], cancelled: list[str]) -> dict[str, Any]:
+    """Every run: contiguous sequence numbers, one terminal event last, stored projection equal to
+    the fold of its log, text equal to its deltas."""
     violations: list[str] = []
     events_checked = 0
     for response_id in ids:
@@ -71,15 +81,7 @@ def run_chaos(database_url: str, *, runs: int, kills: int, seed: int, log_dir: P
             violations.append(f"{response_id}: text differs from its deltas")
         if response_id in cancelled and final["status"] not in ("cancelled", "completed", "incomplete"):
             violations.append(f"{response_id}: cancelled run ended {final['status']}")
-    server.stop()
-    return {
-        "runs": runs,
-        "kills": kills,
-        "restarts": servers - 1,
-        "events_checked": events_checked,
-        "cancelled": len(cancelled),
-        "violations": violations,
-    }
+    return {"events_checked": events_checked, "cancelled": len(cancelled), "violations": violations}
 
 
 @pytest.mark.slow

@@ -23,19 +23,39 @@ def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model_dir = tmp_path_factory.mktemp("models") / "tiny-chatml"
     tokenizer_dir = tmp_path_factory.mktemp("tokenizer")
     vocab_size = write_tiny_chat_model_tokenizer(tokenizer_dir)
-    config = DecoderConfig(vocab_size=vocab_size, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                           head_dim=16, intermediate_size=128, max_position=1024, tie_embeddings=True,
-                           eos_token_id=2)
-    build_random_decoder(model_dir, config, seed=3, quantize=True, graph="standard",
-                         extra={"model_id": "tiny-chatml", "chat_format": "chat_template"})
+    config = DecoderConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position=1024,
+        tie_embeddings=True,
+        eos_token_id=2,
+    )
+    build_random_decoder(
+        model_dir,
+        config,
+        seed=3,
+        quantize=True,
+        graph="standard",
+        extra={"model_id": "tiny-chatml", "chat_format": "chat_template"},
+    )
     for path in tokenizer_dir.iterdir():
         (model_dir / path.name).write_bytes(path.read_bytes())
     return model_dir
 
 
 def test_model_info_reports_an_int8_standard_graph(chat_model_dir: Path) -> None:
-    output = subprocess.run([sys.executable, "-m", "service", "model", "info", str(chat_model_dir)], cwd=ROOT,
-                            check=True, capture_output=True, text=True).stdout
+    output = subprocess.run(
+        [sys.executable, "-m", "service", "model", "info", str(chat_model_dir)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     info = json.loads(output)
     assert info["model_id"] == "tiny-chatml"
     assert info["quantization"]["weight_type"] == "int8"

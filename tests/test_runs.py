@@ -35,9 +35,15 @@ async def harness(database_url: str) -> AsyncIterator[Harness]:
     await migrate(database_url)
     db = create_engine(database_url)
     engine = ScriptedEngine("the quick brown fox jumps over the lazy dog", step_delay=0.01)
-    runtime = ModelRuntime("scripted", engine, CharFormat())  # type: ignore[arg-type]
-    settings = Settings(database_url=database_url, worker_id="worker-a", max_active_runs=3, lease_seconds=30,
-                        claim_interval_seconds=0.05, poll_interval_seconds=0.05)
+    runtime = ModelRuntime("scripted", engine, CharFormat())
+    settings = Settings(
+        database_url=database_url,
+        worker_id="worker-a",
+        max_active_runs=3,
+        lease_seconds=30,
+        claim_interval_seconds=0.05,
+        poll_interval_seconds=0.05,
+    )
     notifier = Notifier()
     supervisor = RunSupervisor(db, runtime, notifier, settings)
     yield Harness(Commands(db, runtime, supervisor, notifier, settings), supervisor, engine, db)
@@ -130,15 +136,25 @@ async def test_a_sequence_conflict_drops_only_that_run(harness: Harness) -> None
     async with harness.db.begin() as connection:
         await connection.execute(sa.text("UPDATE runs SET owner = 'worker-a', lease_expires_at = 1e12"))
     taken = {"type": "response.in_progress", "sequence_number": 1}
-    outcome = await recorder.commit_step(harness.db, "worker-a", [
-        recorder.RunWrite(first, events=[taken]),
-        recorder.RunWrite(second, events=[taken]),
-    ], lease_seconds=30)
+    outcome = await recorder.commit_step(
+        harness.db,
+        "worker-a",
+        [
+            recorder.RunWrite(first, events=[taken]),
+            recorder.RunWrite(second, events=[taken]),
+        ],
+        lease_seconds=30,
+    )
     assert outcome.lost == set()
-    outcome = await recorder.commit_step(harness.db, "worker-a", [
-        recorder.RunWrite(first, events=[taken]),  # sequence number 1 is taken now
-        recorder.RunWrite(second, events=[{"type": "response.output_text.delta", "sequence_number": 2}]),
-    ], lease_seconds=30)
+    outcome = await recorder.commit_step(
+        harness.db,
+        "worker-a",
+        [
+            recorder.RunWrite(first, events=[taken]),  # sequence number 1 is taken now
+            recorder.RunWrite(second, events=[{"type": "response.output_text.delta", "sequence_number": 2}]),
+        ],
+        lease_seconds=30,
+    )
     assert outcome.lost == {first}
     assert [e["sequence_number"] for e in await _events(harness, second)] == [0, 1, 2]
     assert [e["sequence_number"] for e in await _events(harness, first)] == [0, 1]

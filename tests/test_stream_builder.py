@@ -14,16 +14,18 @@ from service.stream_builder import StreamBuilder
 
 def _builder() -> StreamBuilder:
     request = parse_create_request({"input": "hi"})
-    return StreamBuilder(initial_response(request, response_id="resp_test", model="m", created_at=1.0,
-                                          max_output_tokens=10))
+    return StreamBuilder(
+        initial_response(request, response_id="resp_test", model="m", created_at=1.0, max_output_tokens=10)
+    )
 
 
 def _run(builder: StreamBuilder, ending: str = "stop") -> list[dict[str, Any]]:
     events = builder.created() + builder.in_progress()
     events += builder.feed([ItemStarted("reasoning"), ItemDelta("think")])
     events += builder.feed([ItemDelta("ing"), ItemEnded()])
-    events += builder.feed([ItemStarted("function_call", name="lookup"), ItemDelta('{"q":'), ItemDelta('"x"}'),
-                            ItemEnded()])
+    events += builder.feed(
+        [ItemStarted("function_call", name="lookup"), ItemDelta('{"q":'), ItemDelta('"x"}'), ItemEnded()]
+    )
     events += builder.feed([ItemStarted("message"), ItemDelta("Hel"), ItemDelta("lo")])
     events += builder.finish(ending, input_tokens=5, output_tokens=9, completed_at=2.0)  # type: ignore[arg-type]
     return events

@@ -76,6 +76,9 @@ class _SlotPool:
                 new[slot, :, :length] = old[slot, :, :length]
         self.arrays, self.capacity = arrays, new_cap
 
+    def clear(self) -> None:
+        self.arrays, self.capacity = [], 0
+
     def move(self, src: int, dst: int, length: int) -> None:
         for arr in self.arrays:
             arr[dst, :, :length] = arr[src, :, :length]
@@ -225,6 +228,8 @@ class OnnxEngine:
                 last.slot = seq.slot
                 self._slots[seq.slot] = last
             seq.slot = -1
+            if not self._slots:
+                self._pool.clear()  # idle: give the cache's pages back
         seq.past = []
 
     def _decode_batch(self, batch: list[tuple[_Sequence, int]]) -> None:

@@ -27,19 +27,24 @@ async def tail_events(
     elsewhere with starting_after). Events are read from the log, so a client never sees
     one that is not committed."""
     last = after
+    pushed: list[StoredEvent] = []
     while draining is None or not draining.is_set():
-        async with db.connect() as connection:
-            batch = await event_log.read_events(connection, response_id, after=last, limit=500)
-            gone = not batch and not await read_models.exists(connection, response_id)
-        if gone:
-            return
+        # Events handed over by this process's commit are used directly when they continue the
+        # stream without a gap; anything else (another replica, a missed wake-up) reads the log.
+        fresh = [event for event in pushed if event.sequence_number > last]
+        if fresh and fresh[0].sequence_number == last + 1:
+            batch = fresh
+        else:
+            async with db.connect() as connection:
+                batch = await event_log.read_events(connection, response_id, after=last, limit=500)
+                if not batch and not await read_models.exists(connection, response_id):
+                    return
         for stored in batch:
             yield stored
             last = stored.sequence_number
             if stored.type in TERMINAL_EVENT_TYPES:
                 return
-        if not batch:
-            await notifier.wait(response_id, timeout=poll_interval)
+        pushed = await notifier.wait(response_id, timeout=poll_interval)
 
 
 def sse_frame(stored: StoredEvent) -> bytes:

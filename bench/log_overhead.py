@@ -1,0 +1,79 @@
+"""What logging every token costs: decode tokens/s of the bare engine vs the same run through the
+server (every event committed to the SQL log before it is streamed), in one run.
+
+    .venv/bin/python -m bench.log_overhead [--database-url URL] [--tokens 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from service.engine.base import SamplingParams
+from service.engine.model_dir import ensure_builtin_model
+from service.engine.onnx_engine import OnnxEngine
+from service.prompting import chat_format_for
+from service.prompting.base import PromptRequest
+from tests.api_helpers import client_for
+from tests.conftest import MODEL_CACHE, ServerProcess
+
+
+def bare_engine(model_dir: Path, tokens: int, threads: int) -> float:
+    engine = OnnxEngine(model_dir, intra_op_threads=threads)
+    chat_format = chat_format_for(model_dir, json.loads((model_dir / "config.json").read_text()))
+    request = PromptRequest(
+        items=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "bench"}]}]
+    )
+    prompt = chat_format.render(request)
+    engine.add_sequence("bench", prompt, SamplingParams(max_new_tokens=tokens, seed=1), chat_format.new_constraint())
+    engine.step()  # first token (prefill logits)
+    started, produced = time.perf_counter(), 0
+    while engine.active_sequence_ids():
+        engine.step()
+        produced += 1
+    return produced / (time.perf_counter() - started)
+
+
+def through_server(database_url: str, tokens: int, threads: int, log_dir: Path) -> float:
+    server = ServerProcess(database_url, log_dir / "bench-server.log", SERVICE_INTRA_OP_THREADS=str(threads)).start()
+    try:
+        client = client_for(server.url)
+        client.responses.create(input="warm up", max_output_tokens=5)
+        stream = client.responses.create(input="bench", max_output_tokens=tokens, stream=True, extra_body={"seed": 1})
+        first = last = None
+        count = 0
+        for event in stream:
+            if event.type.endswith(".delta"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                count += 1
+        assert first is not None and last is not None
+        return (count - 1) / (last - first)
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--database-url", action="append")
+    parser.add_argument("--tokens", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    model_dir = ensure_builtin_model(MODEL_CACHE, progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        urls = args.database_url or [f"sqlite+aiosqlite:///{tmp}/bench.db"]
+        bare = bare_engine(model_dir, args.tokens, args.threads)
+        print(f"bare engine: {bare:.1f} tok/s")
+        for url in urls:
+            served = through_server(url, args.tokens, args.threads, Path(tmp))
+            print(
+                f"through the server ({url.split(':')[0]}): {served:.1f} delta events/s = {served / bare:.0%} of bare"
+            )
+
+
+if __name__ == "__main__":
+    main()
