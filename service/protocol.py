@@ -165,8 +165,13 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise InvalidRequest("background=true requires store=true.", param="background")
     if isinstance(request.input, list) and not request.input and request.previous_response_id is None:
         raise InvalidRequest("input must not be empty.", param="input")
-    if request.tool_choice == "required" and not request.tools:
-        raise InvalidRequest("tool_choice 'required' needs at least one tool.", param="tool_choice")
+    if request.tool_choice not in ("auto", "none"):
+        # Forcing a call would need the decoder constrained to it; we do not pretend to.
+        raise InvalidRequest(
+            "tool_choice 'required' and named functions are not supported by this server; use 'auto' or 'none'.",
+            param="tool_choice",
+            code="unsupported_value",
+        )
     return request
 
 
