@@ -165,6 +165,10 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise InvalidRequest("background=true requires store=true.", param="background")
     if isinstance(request.input, list) and not request.input and request.previous_response_id is None:
         raise InvalidRequest("input must not be empty.", param="input")
+    if request.top_logprobs:
+        raise InvalidRequest(
+            "top_logprobs is not supported by this server yet.", param="top_logprobs", code="unsupported_value"
+        )
     if request.tool_choice not in ("auto", "none"):
         # Forcing a call would need the decoder constrained to it; we do not pretend to.
         raise InvalidRequest(

@@ -79,7 +79,7 @@ class StreamBuilder:
         self.response["output"] = copy.deepcopy(self.output)
         self.response["usage"] = {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": input_tokens + output_tokens,

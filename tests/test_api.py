@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from tests.api_helpers import (
     assert_well_formed_stream,
@@ -92,6 +94,23 @@ def test_stream_events_are_ordered_and_match_the_stored_response(client: openai.
 
 def _as_sent(server: ServerProcess, response_id: str) -> list[dict[str, Any]]:
     return raw_events(server.url, response_id)
+
+
+def test_every_event_and_response_validates_against_the_openai_types(server: ServerProcess) -> None:
+    """Strict validation (not the client's lenient construction) of what we send."""
+    tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+    for body in (
+        {"input": "types", "max_output_tokens": 60, "tools": tools, "seed": 2},
+        {"input": "types", "max_output_tokens": 3, "background": True},
+    ):
+        created = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60).json()
+        Response.model_validate(created)
+        events = raw_events(server.url, created["id"])
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        for event in events:
+            parsed = adapter.validate_python(event)
+            assert parsed.type == event["type"]
+        Response.model_validate(httpx.get(f"{server.url}/v1/responses/{created['id']}").json())
 
 
 def test_same_seed_gives_the_same_output(client: openai.OpenAI) -> None:
@@ -287,6 +306,7 @@ def test_function_tools_are_accepted_and_rendered(client: openai.OpenAI) -> None
         (json.dumps({"input": "x", "background": True, "store": False}).encode(), 400, "background"),
         (json.dumps({"input": "x", "max_output_tokens": 0}).encode(), 400, "max_output_tokens"),
         (json.dumps({"input": "x", "tool_choice": "required"}).encode(), 400, "tool_choice"),
+        (json.dumps({"input": "x", "top_logprobs": 2}).encode(), 400, "top_logprobs"),
         (json.dumps({"input": "x" * 300_000}).encode(), 413, None),
     ],
 )

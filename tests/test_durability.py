@@ -196,3 +196,17 @@ def test_cancel_unknown_is_404(database_url: str, server_factory: ServerFactory,
     server = server_factory(database_url).start()
     with pytest.raises(openai.NotFoundError):
         client_for(server.url).responses.cancel(missing)
+
+
+def test_the_queue_and_its_order_survive_a_restart(database_url: str, server_factory: ServerFactory) -> None:
+    server = server_factory(database_url, SERVICE_MAX_ACTIVE_RUNS="1").start()
+    client = client_for(server.url)
+    ids = [client.responses.create(input=f"queued {n}", max_output_tokens=60, background=True).id for n in range(3)]
+    assert client.responses.retrieve(ids[-1]).status == "queued"
+    server.stop()  # one run in flight, three waiting
+    server = server_factory(database_url, SERVICE_MAX_ACTIVE_RUNS="1").start()
+    client = client_for(server.url)
+    finals = [wait_until_terminal(client, response_id) for response_id in ids]
+    assert all(final.status in ("completed", "incomplete") for final in finals)
+    finished_at = [final.completed_at for final in finals]
+    assert finished_at == sorted(finished_at), "runs finished in the order they were queued"
