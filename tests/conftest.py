@@ -40,34 +40,28 @@ def _postgres_reachable() -> str | None:
 _PG_SKIP_REASON = _postgres_reachable()
 
 
-def create_postgres_database() -> tuple[str, str]:
-    """A fresh, empty database; returns (its SQLAlchemy URL, its name)."""
+def _admin(sql: str) -> None:
     import asyncpg
 
-    name = f"svc_test_{secrets.token_hex(6)}"
-
-    async def create() -> None:
+    async def run() -> None:
         connection = await asyncpg.connect(PG_ADMIN_DSN)
         try:
-            await connection.execute(f'CREATE DATABASE "{name}"')
+            await connection.execute(sql)
         finally:
             await connection.close()
 
-    asyncio.run(create())
+    asyncio.run(run())
+
+
+def create_postgres_database() -> tuple[str, str]:
+    """A fresh, empty database; returns (its SQLAlchemy URL, its name)."""
+    name = f"svc_test_{secrets.token_hex(6)}"
+    _admin(f'CREATE DATABASE "{name}"')
     return PG_URL_TEMPLATE.format(db=name), name
 
 
 def drop_postgres_database(name: str) -> None:
-    import asyncpg
-
-    async def drop() -> None:
-        connection = await asyncpg.connect(PG_ADMIN_DSN)
-        try:
-            await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await connection.close()
-
-    asyncio.run(drop())
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -63,6 +63,19 @@ async def _wait(predicate: Any, timeout: float = 20) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _start_one_slow_run(harness: Harness) -> str:
+    """A background run that is generating (a few events in) when this returns."""
+    harness.engine.step_delay = 0.05
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def generating() -> bool:
+        return len(await _events(harness, rid)) > 5
+
+    await _wait(generating)
+    return rid
+
+
 async def _events(harness: Harness, response_id: str) -> list[dict[str, Any]]:
     async with harness.db.connect() as connection:
         return [e.payload() for e in await event_log.read_events(connection, response_id)]
@@ -95,14 +108,7 @@ async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypat
 
 
 async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> None:
-    harness.engine.step_delay = 0.05
-    rid = await _create(harness)
-    await harness.supervisor.start()
-
-    async def generating() -> bool:
-        return len(await _events(harness, rid)) > 5
-
-    await _wait(generating)
+    rid = await _start_one_slow_run(harness)
     async with harness.db.begin() as connection:  # another replica claims the run
         await connection.execute(sa.text("UPDATE runs SET owner = 'worker-b', lease_expires_at = 1e12"))
     await asyncio.sleep(0.3)
@@ -114,14 +120,7 @@ async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> N
 
 
 async def test_cancel_is_seen_within_one_step(harness: Harness) -> None:
-    harness.engine.step_delay = 0.05
-    rid = await _create(harness)
-    await harness.supervisor.start()
-
-    async def generating() -> bool:
-        return len(await _events(harness, rid)) > 5
-
-    await _wait(generating)
+    rid = await _start_one_slow_run(harness)
     before = len(await _events(harness, rid))
     final = await harness.commands.cancel(rid)
     events = await _events(harness, rid)
