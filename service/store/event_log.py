@@ -100,12 +100,16 @@ async def append_facts(connection: AsyncConnection, rows: Sequence[tuple[str, st
 
 
 async def read_events(
-    connection: AsyncConnection, response_id: str, *, after: int = -1, limit: int | None = None
+    connection: AsyncConnection, response_id: str, *, after: int = -1, after_position: int = 0, limit: int | None = None
 ) -> list[StoredEvent]:
-    """Events of one response with sequence_number > after, in order."""
+    """Events of one response with sequence_number > after (and log position > after_position), in order."""
     query = (
         sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
-        .where(events.c.response_id == response_id, events.c.sequence_number > after)
+        .where(
+            events.c.response_id == response_id,
+            events.c.sequence_number > after,
+            events.c.position > after_position,
+        )
         .order_by(events.c.sequence_number)
     )
     if limit is not None:

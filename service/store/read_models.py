@@ -84,7 +84,7 @@ async def get_response(connection: AsyncConnection, response_id: str) -> dict[st
     stored: dict[str, Any] = json.loads(row.response)
     if stored["status"] in ("completed", "incomplete", "failed", "cancelled"):
         return stored
-    tail = [e.payload() for e in await read_events(connection, response_id) if e.position > row.last_position]
+    tail = [e.payload() for e in await read_events(connection, response_id, after_position=row.last_position)]
     return project(tail, base=stored) if tail else stored
 
 
