@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Events after which the `responses` row is refreshed; deltas in between are folded by readers.
+# Steps that may wait for a slow database before the engine waits too (bounds memory).
+MAX_BACKLOG_STEPS = 16
 _ROW_REFRESH_EVENTS = TERMINAL_EVENT_TYPES | {"response.in_progress", "response.output_item.done"}
 
 
@@ -72,7 +75,8 @@ class ActiveRun:
         for event in new_events:
             self.projected = apply(self.projected, event)
         if any(e["type"] in _ROW_REFRESH_EVENTS for e in write.events):
-            write.projection = self.projected
+            # A snapshot: the write may be committed after later deltas changed `projected`.
+            write.projection = copy.deepcopy(self.projected)
         write.terminal = self.builder.finished
 
     def finish(self, write: RunWrite, ending: Ending, error: dict[str, str] | None = None) -> None:
@@ -101,7 +105,11 @@ class RunSupervisor:
         self._wake = asyncio.Event()
         self._stopping = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._inflight: asyncio.Future[None] | None = None  # the previous step's commit
+        # Group commit: steps wait in the backlog while a commit is in flight, and the next
+        # commit takes them all, so the engine never waits for the database.
+        self._inflight: asyncio.Future[None] | None = None
+        self._backlog: dict[str, RunWrite] = {}
+        self._backlog_steps = 0
         # The engine is not thread-safe; one worker thread runs every engine call in order.
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -125,7 +133,7 @@ class RunSupervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         with contextlib.suppress(Exception):
-            await self._flush()
+            await self._drain(wait=True)
         if self.active:
             with contextlib.suppress(Exception):
                 await recorder.release(self.db, self.owner, list(self.active))
@@ -152,7 +160,7 @@ class RunSupervisor:
                     await self._admit()
                     next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
-                    await self._flush()
+                    await self._drain(wait=True)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.claim_interval_seconds)
                     continue
@@ -164,14 +172,32 @@ class RunSupervisor:
                 self._inflight = None
                 await asyncio.sleep(0.5)
 
-    async def _flush(self) -> None:
-        """Wait for the commit of the previous step (it overlaps the next engine step)."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
+    def _enqueue(self, writes: list[RunWrite]) -> None:
+        for write in writes:
+            queued = self._backlog.get(write.response_id)
+            if queued is None:
+                self._backlog[write.response_id] = write
+            else:
+                queued.merge(write)
+        self._backlog_steps += 1
+
+    async def _drain(self, *, wait: bool) -> None:
+        """Start committing the backlog once the commit in flight is done; with `wait`, return
+        only when everything queued is committed. Never raises (see _commit)."""
+        if self._inflight is not None:
+            if not wait and not self._inflight.done():
+                return
+            inflight, self._inflight = self._inflight, None
+            await inflight
+        if self._backlog:
+            writes, self._backlog, self._backlog_steps = list(self._backlog.values()), {}, 0
+            self._inflight = asyncio.ensure_future(self._commit(writes))
+        if wait and self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
             await inflight
 
     async def _admit(self) -> None:
-        await self._flush()
+        await self._drain(wait=True)
         async with self.db.begin() as connection:
             claimed = await leases.claim(
                 connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=100, cancelled_only=True
@@ -244,12 +270,13 @@ class RunSupervisor:
         if run.pending:
             write = run.write()
             run.record(write, [])
-            await self._commit([write])
+            self._enqueue([write])
+            await self._drain(wait=True)
 
     async def _step(self) -> None:
         cancelled = [r for r in self.active.values() if r.cancel_requested]
         if cancelled:
-            await self._flush()
+            await self._drain(wait=True)
             for run in cancelled:
                 await self._drop(run.response_id)
                 await self._commit_alone(run, "cancelled")
@@ -259,7 +286,7 @@ class RunSupervisor:
         # only ever read committed events, so write-before-send holds; a run found lost or
         # cancelled by that commit simply has its extra token discarded.
         step = asyncio.ensure_future(self._in_engine(self.runtime.engine.step))
-        await self._flush()  # never raises: a failed commit hands its runs back to the log
+        await self._drain(wait=self._backlog_steps >= MAX_BACKLOG_STEPS)  # overlaps the engine step
         try:
             outputs = await step
         except Exception as exc:
@@ -269,7 +296,7 @@ class RunSupervisor:
                 await self._commit_alone(run, "failed", {"code": "server_error", "message": f"engine error: {exc}"})
             return
         writes = [self._advance(self.active[rid], output) for rid, output in outputs.items() if rid in self.active]
-        self._inflight = asyncio.ensure_future(self._commit(writes))
+        self._enqueue(writes)
 
     def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
         write = run.write()
@@ -297,12 +324,14 @@ class RunSupervisor:
             # claimed again and rebuilt from what was committed, so the stream stays contiguous.
             log.exception("commit failed; handing %d run(s) back to the log", len(writes))
             for write in writes:
+                self._backlog.pop(write.response_id, None)
                 await self._drop(write.response_id)
             with contextlib.suppress(Exception):
                 await recorder.release(self.db, self.owner, [w.response_id for w in writes])
             return
         for rid in outcome.lost:
             log.warning("run %s is no longer ours; dropping it", rid)
+            self._backlog.pop(rid, None)
             await self._drop(rid)
         for rid, cancel in outcome.cancel_requested.items():
             if cancel and rid in self.active:
@@ -315,7 +344,8 @@ class RunSupervisor:
     async def _commit_alone(self, run: ActiveRun, ending: Ending, error: dict[str, str] | None = None) -> None:
         write = run.write()
         run.finish(write, ending, error)
-        await self._commit([write])
+        self._enqueue([write])
+        await self._drain(wait=True)
 
     async def _fail_unstarted(self, response_id: str, message: str) -> None:
         with contextlib.suppress(Exception):

@@ -100,7 +100,6 @@ async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypat
     await _wait(all_done)
     assert max(batches) == 3, "the three runs' tokens were committed together"
     script_steps = len(harness.engine.script) + 1
-    assert sum(batches) >= 3 * script_steps
     assert len(batches) < 3 * script_steps * 0.6, f"{len(batches)} commits for {3 * script_steps} run-steps"
     for rid in ids:
         final = await harness.commands.get(rid)

@@ -28,6 +28,13 @@ class RunWrite:
     output_ordinal_base: int = 0  # ordinal of output item 0 in conversation_items
     terminal: bool = False
 
+    def merge(self, later: RunWrite) -> None:
+        """Fold a later step of the same run into this one (the DB was slower than the engine)."""
+        self.facts += later.facts
+        self.events += later.events
+        self.projection = later.projection if later.projection is not None else self.projection
+        self.terminal = self.terminal or later.terminal
+
 
 @dataclass(frozen=True)
 class StepOutcome:
