@@ -3,6 +3,7 @@ driven by the official openai client, on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -13,9 +14,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from service.store.db import create_engine
 from tests.api_helpers import (
     assert_well_formed_stream,
     client_for,
@@ -221,6 +224,44 @@ def test_client_disconnect_cancels_a_streaming_request(client: openai.OpenAI, se
     response_id = first.response.id  # type: ignore[union-attr]
     final = wait_until_terminal(client, response_id, timeout=60)
     assert final.status == "cancelled"
+
+
+def _sql_scalar(server: ServerProcess, sql: str, **params: Any) -> Any:
+    """Read the server's database directly, as a person with sqlite3/psql would."""
+
+    async def query() -> Any:
+        db = create_engine(server.database_url)
+        try:
+            async with db.connect() as connection:
+                return await connection.scalar(sa.text(sql), params)
+        finally:
+            await db.dispose()
+
+    return asyncio.run(query())
+
+
+def test_client_disconnect_cancels_a_plain_request(client: openai.OpenAI, server: ServerProcess) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{server.url}/v1/responses",
+            json={"input": "I will not wait", "max_output_tokens": LONG, "metadata": {"test": "plain-disconnect"}},
+            timeout=httpx.Timeout(5, read=1.5),
+        )
+    response_id = _sql_scalar(server, "SELECT id FROM responses WHERE response LIKE '%plain-disconnect%'")
+    final = wait_until_terminal(client, response_id, timeout=60)
+    assert final.status == "cancelled"
+
+
+def test_deleting_a_running_response_leaves_nothing_behind(client: openai.OpenAI, server: ServerProcess) -> None:
+    response = client.responses.create(input="delete me while I run", max_output_tokens=LONG, background=True)
+    wait_for_generation(client, response.id)
+    client.responses.delete(response.id)
+    time.sleep(1.0)  # the worker's next fenced commit finds the run gone and stops
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    for table in ("events", "run_facts", "runs", "conversation_items"):
+        count = _sql_scalar(server, f"SELECT COUNT(*) FROM {table} WHERE response_id = :id", id=response.id)
+        assert count == 0, table
 
 
 def test_delete_removes_events_and_projections(client: openai.OpenAI, server: ServerProcess) -> None:
