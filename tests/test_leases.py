@@ -1,0 +1,71 @@
+"""The run table on SQLite and PostgreSQL: concurrent claimers take disjoint runs, expired leases
+are claimable again, and the fence renews only what a worker still owns."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store import leases
+from service.store.db import create_engine, migrate
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
+    await migrate(database_url)
+    engine = create_engine(database_url)
+    yield engine
+    await engine.dispose()
+
+
+async def _enqueue(db: AsyncEngine, count: int) -> list[str]:
+    ids = [f"resp_{n:03d}" for n in range(count)]
+    async with db.begin() as connection:
+        for response_id in ids:
+            await leases.enqueue(connection, response_id, background=True, owner=None, lease_seconds=10)
+    return ids
+
+
+async def test_concurrent_claimers_take_disjoint_runs(db: AsyncEngine, database_url: str) -> None:
+    ids = await _enqueue(db, 30)
+    workers = [create_engine(database_url) for _ in range(3)]
+
+    async def claim_all(worker: AsyncEngine, name: str) -> list[str]:
+        taken: list[str] = []
+        while True:
+            async with worker.begin() as connection:
+                batch = await leases.claim(connection, name, lease_seconds=10, limit=4)
+            if not batch:
+                return taken
+            taken += [run.response_id for run in batch]
+
+    try:
+        results = await asyncio.gather(*(claim_all(w, f"worker-{n}") for n, w in enumerate(workers)))
+    finally:
+        for worker in workers:
+            await worker.dispose()
+    claimed = [rid for taken in results for rid in taken]
+    assert sorted(claimed) == ids, "every run claimed exactly once"
+
+
+async def test_expired_leases_are_claimed_again_and_the_fence_knows_its_owner(db: AsyncEngine) -> None:
+    ids = await _enqueue(db, 2)
+    async with db.begin() as connection:
+        first = await leases.claim(connection, "worker-a", lease_seconds=0.2, limit=10)
+    assert [run.response_id for run in first] == ids and all(run.claims == 1 for run in first)
+    async with db.begin() as connection:
+        assert await leases.claim(connection, "worker-b", lease_seconds=10, limit=10) == []
+    await asyncio.sleep(0.3)
+    async with db.begin() as connection:
+        second = await leases.claim(connection, "worker-b", lease_seconds=10, limit=1)
+    assert [run.response_id for run in second] == ids[:1] and second[0].claims == 2
+    async with db.begin() as connection:
+        # worker-a lost the first run; it still holds the second (its lease expired but nobody took it)
+        assert await leases.fence(connection, "worker-a", ids, lease_seconds=10) == {ids[1]: False}
+        await leases.request_cancel(connection, ids[0])
+        assert await leases.fence(connection, "worker-b", ids, lease_seconds=10) == {ids[0]: True}
+        await leases.mark_done(connection, ids[0])
+        assert await leases.fence(connection, "worker-b", ids, lease_seconds=10) == {}
