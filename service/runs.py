@@ -169,7 +169,6 @@ class RunSupervisor:
                 raise
             except Exception:
                 log.exception("run loop iteration failed; retrying")
-                self._inflight = None
                 await asyncio.sleep(0.5)
 
     def _enqueue(self, writes: list[RunWrite]) -> None:

@@ -40,6 +40,8 @@ async def tail_events(
                 if not batch and not await read_models.exists(connection, response_id):
                     return
         for stored in batch:
+            if stored.sequence_number != last + 1:
+                break  # a gap: an earlier event is not committed yet; never skip it
             yield stored
             last = stored.sequence_number
             if stored.type in TERMINAL_EVENT_TYPES:
