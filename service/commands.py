@@ -21,6 +21,7 @@ from service.protocol import (
     initial_response,
     new_response_id,
     normalize_input,
+    wants_logprobs,
 )
 from service.runs import RunSupervisor, sampling_fact
 from service.store import leases, read_models, recorder
@@ -90,6 +91,7 @@ class Commands:
             "prompt_token_ids": prompt_ids,
             "input_item_count": len(input_items),
             "store": request.store,
+            "logprobs": wants_logprobs(request),
             "sampling": sampling_fact(
                 max_new_tokens=max_new,
                 temperature=1.0 if request.temperature is None else request.temperature,

@@ -45,7 +45,10 @@ def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
     elif kind == "response.content_part.added":
         output[event["output_index"]].setdefault("content", []).append(copy.deepcopy(event["part"]))
     elif kind in _TEXT_DELTAS:
-        output[event["output_index"]]["content"][event["content_index"]]["text"] += event["delta"]
+        part = output[event["output_index"]]["content"][event["content_index"]]
+        part["text"] += event["delta"]
+        if event.get("logprobs"):
+            part.setdefault("logprobs", []).extend(copy.deepcopy(event["logprobs"]))
     elif kind == "response.function_call_arguments.delta":
         output[event["output_index"]]["arguments"] += event["delta"]
     return response

@@ -128,6 +128,7 @@ class CreateResponseRequest(_Strict):
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
     truncation: Literal["disabled"] | None = None
+    include: list[Literal["message.output_text.logprobs"]] | None = None
     # Extension (not in OpenAI's API): fixes the sampler so a run is reproducible.
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
 
@@ -165,10 +166,6 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise InvalidRequest("background=true requires store=true.", param="background")
     if isinstance(request.input, list) and not request.input and request.previous_response_id is None:
         raise InvalidRequest("input must not be empty.", param="input")
-    if request.top_logprobs:
-        raise InvalidRequest(
-            "top_logprobs is not supported by this server yet.", param="top_logprobs", code="unsupported_value"
-        )
     if request.tool_choice not in ("auto", "none"):
         # Forcing a call would need the decoder constrained to it; we do not pretend to.
         raise InvalidRequest(
@@ -262,6 +259,10 @@ _TYPE_TAGS = {
     "none",
 }
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def wants_logprobs(request: CreateResponseRequest) -> bool:
+    return bool(request.include) and "message.output_text.logprobs" in (request.include or [])
 
 
 def item_text(item: ConversationItem) -> str | None:

@@ -222,7 +222,8 @@ class RunSupervisor:
         if not request_facts or not logged:
             return  # deleted meanwhile
         fact = request_facts[0]
-        tokens = [t for f in facts if f.kind == "tokens" for t in f.data["ids"]]
+        token_facts = [f.data for f in facts if f.kind == "tokens"]
+        tokens = [t for data in token_facts for t in data["ids"]]
         cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
 
         prompt_request = prompt_request_from_fact(fact)
@@ -230,10 +231,12 @@ class RunSupervisor:
         builder = StreamBuilder(fact["response"])
         parser = self.runtime.chat_format.new_parser()
         regenerated = builder.created() + builder.in_progress()
-        for token in tokens:
-            if constraint is not None:
-                constraint.accept(token)
-            regenerated += builder.feed(parser.feed(token))
+        for data in token_facts:
+            for position, token in enumerate(data["ids"]):
+                if constraint is not None:
+                    constraint.accept(token)
+                logprobs = [data["logprobs"][position]] if "logprobs" in data else None
+                regenerated += builder.feed(parser.feed(token), logprobs=logprobs)
         if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
             raise RuntimeError("replaying the logged tokens did not reproduce the logged events")
         run = ActiveRun(
@@ -299,7 +302,8 @@ class RunSupervisor:
 
     def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
         write = run.write()
-        write.facts.append(("tokens", {"ids": [output.token_id]}))
+        logprobs = [self._logprob_entry(output)] if run.fact.get("logprobs") else None
+        write.facts.append(("tokens", {"ids": [output.token_id], **({"logprobs": logprobs} if logprobs else {})}))
         run.generated += 1
         try:
             chunks = run.parser.feed(output.token_id)
@@ -307,11 +311,21 @@ class RunSupervisor:
             self._forget(run.response_id)
             run.finish(write, "failed", {"code": "malformed_output", "message": str(exc)})
             return write
-        run.record(write, run.builder.feed(chunks))
+        run.record(write, run.builder.feed(chunks, logprobs=logprobs))
         if output.finish_reason is not None:
             self._forget(run.response_id, in_engine=False)
             run.finish(write, output.finish_reason)
         return write
+
+    def _logprob_entry(self, output: TokenOutput) -> dict[str, Any]:
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            text = self.runtime.chat_format.token_text(token_id)
+            return {"token": text, "bytes": list(text.encode()), "logprob": logprob}
+
+        return {
+            **entry(output.token_id, output.logprob),
+            "top_logprobs": [entry(t, lp) for t, lp in output.top_logprobs],
+        }
 
     async def _commit(self, writes: list[RunWrite]) -> None:
         if not writes:

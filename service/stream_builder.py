@@ -27,6 +27,7 @@ class _OpenItem:
     item: dict[str, Any]
     output_index: int
     text: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 class StreamBuilder:
@@ -38,6 +39,9 @@ class StreamBuilder:
         self.reasoning_tokens = 0
         self._open: _OpenItem | None = None
         self.finished = False
+        # Logprobs of tokens not yet attached to a text delta (a token may produce no text by itself).
+        self._carried_logprobs: list[dict[str, Any]] = []
+        self._token_logprobs: list[dict[str, Any]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def created(self) -> list[Event]:
@@ -47,9 +51,23 @@ class StreamBuilder:
         self.response["status"] = "in_progress"
         return [self._event("response.in_progress", response=self._snapshot())]
 
-    def feed(self, chunks: list[OutputChunk], *, token_count: int = 1) -> list[Event]:
+    def feed(
+        self, chunks: list[OutputChunk], *, token_count: int = 1, logprobs: list[dict[str, Any]] | None = None
+    ) -> list[Event]:
+        """`logprobs`: entries for the token(s) behind these chunks, when the request asked for them."""
         if self._open is not None and self._open.kind == "reasoning":
             self.reasoning_tokens += token_count
+        self._token_logprobs = logprobs
+        out = self._feed(chunks)
+        # A token that opened the item (a header token) is not text; one inside a message that
+        # yielded no text yet (part of a UTF-8 sequence) rides on the next delta.
+        opened = any(isinstance(chunk, ItemStarted) for chunk in chunks)
+        if self._token_logprobs and not opened and self._open is not None and self._open.kind == "message":
+            self._carried_logprobs += self._token_logprobs
+        self._token_logprobs = None
+        return out
+
+    def _feed(self, chunks: list[OutputChunk]) -> list[Event]:
         out: list[Event] = []
         for chunk in chunks:
             if isinstance(chunk, ItemStarted):
@@ -124,6 +142,7 @@ class StreamBuilder:
             }
         self.output.append(item)
         self._open = _OpenItem(chunk.kind, item, output_index)
+        self._carried_logprobs = []
         out = [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
         if chunk.kind != "function_call":
             out.append(
@@ -144,6 +163,9 @@ class StreamBuilder:
         self._open.text.append(text)
         item_id, index = self._open.item["id"], self._open.output_index
         if self._open.kind == "message":
+            logprobs = self._carried_logprobs + (self._token_logprobs or [])
+            self._carried_logprobs, self._token_logprobs = [], None
+            self._open.logprobs += logprobs
             return [
                 self._event(
                     "response.output_text.delta",
@@ -151,7 +173,7 @@ class StreamBuilder:
                     output_index=index,
                     content_index=0,
                     delta=text,
-                    logprobs=[],
+                    logprobs=copy.deepcopy(logprobs),
                 )
             ]
         if self._open.kind == "reasoning":
@@ -183,7 +205,10 @@ class StreamBuilder:
         else:
             part = self._part(open_item.kind, text)
             done_type = "response.output_text.done" if open_item.kind == "message" else "response.reasoning_text.done"
-            extra: dict[str, Any] = {"logprobs": []} if open_item.kind == "message" else {}
+            extra: dict[str, Any] = {}
+            if open_item.kind == "message":
+                part["logprobs"] = open_item.logprobs
+                extra = {"logprobs": copy.deepcopy(open_item.logprobs)}
             out.append(self._event(done_type, item_id=item_id, output_index=index, content_index=0, text=text, **extra))
             out.append(
                 self._event(

@@ -87,3 +87,6 @@ class CharFormat:
 
     def count_tokens(self, text: str) -> int:
         return len(text)
+
+    def token_text(self, token_id: int) -> str:
+        return chr(token_id) if token_id != STOP else ""

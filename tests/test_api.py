@@ -103,7 +103,14 @@ def test_every_event_and_response_validates_against_the_openai_types(server: Ser
     """Strict validation (not the client's lenient construction) of what we send."""
     tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
     for body in (
-        {"input": "types", "max_output_tokens": 60, "tools": tools, "seed": 2},
+        {
+            "input": "types",
+            "max_output_tokens": 60,
+            "tools": tools,
+            "seed": 2,
+            "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"],
+        },
         {"input": "types", "max_output_tokens": 3, "background": True},
     ):
         created = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60).json()
@@ -114,6 +121,31 @@ def test_every_event_and_response_validates_against_the_openai_types(server: Ser
             parsed = adapter.validate_python(event)
             assert parsed.type == event["type"]
         Response.model_validate(httpx.get(f"{server.url}/v1/responses/{created['id']}").json())
+
+
+def test_logprobs_stream_with_each_delta_and_add_up_in_the_part(client: openai.OpenAI) -> None:
+    events = [
+        e.model_dump()
+        for e in client.responses.create(
+            input="with logprobs",
+            max_output_tokens=40,
+            top_logprobs=3,
+            include=["message.output_text.logprobs"],
+            stream=True,
+            extra_body={"seed": 8},
+        )
+    ]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all(e["logprobs"] for e in deltas)
+    for entry in (lp for e in deltas for lp in e["logprobs"]):
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        assert entry["top_logprobs"][0]["logprob"] >= entry["top_logprobs"][-1]["logprob"]
+    streamed = [lp for e in deltas for lp in e["logprobs"]]
+    stored = client.responses.retrieve(events[-1]["response"]["id"]).model_dump()
+    part = next(i for i in stored["output"] if i["type"] == "message")["content"][0]
+    assert part["logprobs"] == streamed
+    plain = client.responses.create(input="without", max_output_tokens=10)
+    assert all(not p.logprobs for i in plain.output if i.type == "message" for p in i.content)  # type: ignore[union-attr]
 
 
 def test_same_seed_gives_the_same_output(client: openai.OpenAI) -> None:
@@ -347,7 +379,7 @@ def test_function_tools_are_accepted_and_rendered(client: openai.OpenAI) -> None
         (json.dumps({"input": "x", "background": True, "store": False}).encode(), 400, "background"),
         (json.dumps({"input": "x", "max_output_tokens": 0}).encode(), 400, "max_output_tokens"),
         (json.dumps({"input": "x", "tool_choice": "required"}).encode(), 400, "tool_choice"),
-        (json.dumps({"input": "x", "top_logprobs": 2}).encode(), 400, "top_logprobs"),
+        (json.dumps({"input": "x", "include": ["file_search_call.results"]}).encode(), 400, "include[0]"),
         (json.dumps({"input": "x" * 300_000}).encode(), 413, None),
     ],
 )

@@ -73,9 +73,12 @@ def test_kill_9_mid_stream_resumes_with_the_same_tokens(database_url: str, serve
     server = server_factory(database_url).start()
     client = client_for(server.url)
     prompt, seed = "a story that survives a crash", {"seed": 1234}
-    reference = client.responses.create(input=prompt, max_output_tokens=300, extra_body=seed)  # uninterrupted run
+    logprobs: Any = {"top_logprobs": 2, "include": ["message.output_text.logprobs"]}
+    reference = client.responses.create(input=prompt, max_output_tokens=300, extra_body=seed, **logprobs)
 
-    stream = client.responses.create(input=prompt, max_output_tokens=300, extra_body=seed, background=True, stream=True)
+    stream = client.responses.create(
+        input=prompt, max_output_tokens=300, extra_body=seed, background=True, stream=True, **logprobs
+    )
     seen = _read_until(stream, 40)
     response_id = seen[0]["response"]["id"]
     server.kill()  # kill -9 while generating
@@ -91,7 +94,12 @@ def test_kill_9_mid_stream_resumes_with_the_same_tokens(database_url: str, serve
     assert final_text(final) == text_from_deltas(whole)
     assert [i["type"] for i in final["output"]] == [i.type for i in reference.output]
     assert final_text(final) == reference.output_text, "a resumed run draws exactly the uninterrupted run's tokens"
-    assert final["usage"]["output_tokens"] == reference.usage.output_tokens  # type: ignore[union-attr]
+    assert final["usage"]["output_tokens"] == reference.usage.output_tokens
+
+    def logprobs_of(output: list[dict[str, Any]]) -> list[Any]:
+        return [part["logprobs"] for item in output if item["type"] == "message" for part in item["content"]]
+
+    assert logprobs_of(final["output"]) == logprobs_of(reference.model_dump()["output"])
     claims = _query(database_url, "SELECT claims FROM runs WHERE response_id = :id", id=response_id)
     assert claims[0][0] >= 2, "the run was claimed again after the crash"
 

@@ -97,3 +97,19 @@ def test_projection_of_a_partial_log_shows_text_so_far() -> None:
     assert partial["output"][2]["status"] == "in_progress"
     # folding the rest onto a stored snapshot gives the same as folding everything
     assert project(events[cut:], base=partial) == project(events)
+
+
+def test_logprobs_ride_on_text_deltas_and_add_up_in_the_part() -> None:
+    builder = _builder()
+    lp = [{"token": t, "bytes": list(t.encode()), "logprob": -0.5, "top_logprobs": []} for t in ("A", "B", "C")]
+    events = builder.created() + builder.in_progress()
+    events += builder.feed([ItemStarted("message")], logprobs=[lp[0]])  # the header token: no text, not kept
+    events += builder.feed([ItemDelta("B")], logprobs=[lp[1]])
+    events += builder.feed([], logprobs=[lp[2]])  # a token that yields no text yet rides on the next delta
+    events += builder.feed([ItemDelta("C")], logprobs=None)
+    events += builder.finish("length", input_tokens=1, output_tokens=3)
+    deltas = [e["logprobs"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == [[lp[1]], [lp[2]]]
+    part = events[-1]["response"]["output"][0]["content"][0]
+    assert part["logprobs"] == [lp[1], lp[2]]
+    assert project(events) == events[-1]["response"]

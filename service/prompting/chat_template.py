@@ -253,5 +253,8 @@ class ChatTemplateFormat:
     def new_constraint(self) -> LogitsConstraint | None:
         return None
 
+    def token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
+
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))

@@ -204,5 +204,8 @@ class HarmonyFormat:
     def new_constraint(self) -> HarmonyHeaderConstraint:
         return HarmonyHeaderConstraint(self._vocab, ())
 
+    def token_text(self, token_id: int) -> str:
+        return str(self.encoding.decode([token_id]))
+
     def count_tokens(self, text: str) -> int:
         return len(self.encoding.encode(text, disallowed_special=()))
