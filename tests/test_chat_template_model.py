@@ -16,6 +16,7 @@ from service.engine.config import DecoderConfig
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 from tests.api_helpers import assert_well_formed_stream, client_for, final_text, text_from_deltas
 from tests.conftest import ROOT, ServerProcess
+from tests.engine_fixtures import SMALL
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +24,8 @@ def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model_dir = tmp_path_factory.mktemp("models") / "tiny-chatml"
     tokenizer_dir = tmp_path_factory.mktemp("tokenizer")
     vocab_size = write_tiny_chat_model_tokenizer(tokenizer_dir)
-    config = DecoderConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        max_position=1024,
-        tie_embeddings=True,
-        eos_token_id=2,
-    )
+    shape = {"vocab_size": vocab_size, "max_position": 1024, "tie_embeddings": True, "eos_token_id": 2}
+    config = DecoderConfig(**{**SMALL.to_dict(), **shape})
     build_random_decoder(
         model_dir,
         config,
