@@ -27,9 +27,13 @@ def create_engine(url: str) -> AsyncEngine:
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA busy_timeout=30000")
+            # Switching to WAL needs a lock; asking while another connection writes fails at once,
+            # so switch only when the file is not in WAL mode yet (WAL persists in the file).
+            cursor.execute("PRAGMA journal_mode")
+            if str(cursor.fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
