@@ -4,6 +4,9 @@ PostgreSQL goes through asyncpg."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ def create_engine(url: str) -> AsyncEngine:
             # so switch only when the file is not in WAL mode yet (WAL persists in the file).
             cursor.execute("PRAGMA journal_mode")
             if str(cursor.fetchone()[0]).lower() != "wal":
-                cursor.execute("PRAGMA journal_mode=WAL")
+                _switch_to_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
@@ -51,6 +54,18 @@ def create_engine(url: str) -> AsyncEngine:
     return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    # The switch takes an exclusive lock and does not wait on the busy timeout: retry briefly.
+    for attempt in range(50):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if attempt == 49:
+                raise
+            time.sleep(0.05)
+
+
 def alembic_config(url: str) -> Config:
     config = Config(str(ROOT / "alembic.ini"))
     config.set_main_option("script_location", str(ROOT / "migrations"))
@@ -60,6 +75,11 @@ def alembic_config(url: str) -> Config:
 
 def migrate_sync(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
+    database = make_url(url).database
+    if is_sqlite(url) and database and database != ":memory:":
+        # WAL is a property of the file: set it once here, before any service connection opens.
+        with contextlib.closing(sqlite3.connect(database, timeout=30)) as connection:
+            _switch_to_wal(connection.cursor())
 
 
 async def migrate(url: str) -> None:
