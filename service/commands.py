@@ -23,7 +23,8 @@ from service.protocol import (
     normalize_input,
     wants_logprobs,
 )
-from service.runs import RunSupervisor, sampling_fact
+from service.run_state import sampling_fact
+from service.runs import RunSupervisor
 from service.store import leases, read_models, recorder
 from service.stream_builder import StreamBuilder
 

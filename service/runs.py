@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -26,8 +24,8 @@ from service.engine.base import EngineError, SamplingParams, TokenOutput
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import apply
-from service.prompting.base import ItemEnded, MalformedOutput, OutputParser, PromptRequest
-from service.protocol import TERMINAL_EVENT_TYPES
+from service.prompting.base import MalformedOutput
+from service.run_state import ActiveRun, prompt_request_from_fact, replay_run, stored
 from service.store import event_log, leases, recorder
 from service.store.leases import ClaimedRun
 from service.store.recorder import RunWrite
@@ -36,62 +34,8 @@ from service.stream_builder import Ending, StreamBuilder
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Events after which the `responses` row is refreshed; deltas in between are folded by readers.
 # Steps that may wait for a slow database before the engine waits too (bounds memory).
 MAX_BACKLOG_STEPS = 16
-_ROW_REFRESH_EVENTS = TERMINAL_EVENT_TYPES | {"response.in_progress", "response.output_item.done"}
-
-
-def prompt_request_from_fact(fact: dict[str, Any]) -> PromptRequest:
-    return PromptRequest(
-        items=fact["prompt_items"],
-        instructions=fact["instructions"],
-        tools=tuple(fact["tools"]),
-        reasoning_effort=fact["reasoning_effort"],
-    )
-
-
-@dataclass
-class ActiveRun:
-    response_id: str
-    fact: dict[str, Any]
-    builder: StreamBuilder
-    parser: OutputParser
-    projected: dict[str, Any]
-    generated: int
-    pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
-    cancel_requested: bool = False
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.fact["prompt_token_ids"])
-
-    def write(self) -> RunWrite:
-        pending, self.pending = self.pending, []
-        return RunWrite(self.response_id, events=pending, output_ordinal_base=self.fact["input_item_count"])
-
-    def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
-        write.events += new_events
-        for event in new_events:
-            self.projected = apply(self.projected, event)
-        if any(e["type"] in _ROW_REFRESH_EVENTS for e in write.events):
-            # A snapshot: the write may be committed after later deltas changed `projected`.
-            write.projection = copy.deepcopy(self.projected)
-        write.terminal = self.builder.finished
-
-    def finish(self, write: RunWrite, ending: Ending, error: dict[str, str] | None = None) -> None:
-        try:
-            chunks = self.parser.finish()
-        except MalformedOutput:
-            chunks = []  # the run is ending anyway; an unparseable tail is dropped
-        if ending != "stop":
-            # An item cut short is closed by builder.finish with status "incomplete".
-            chunks = [chunk for chunk in chunks if not isinstance(chunk, ItemEnded)]
-        events = self.builder.feed(chunks)
-        events += self.builder.finish(
-            ending, input_tokens=self.prompt_tokens, output_tokens=self.generated, error=error
-        )
-        self.record(write, events)
 
 
 class RunSupervisor:
@@ -223,30 +167,11 @@ class RunSupervisor:
             return  # deleted meanwhile
         fact = request_facts[0]
         token_facts = [f.data for f in facts if f.kind == "tokens"]
-        tokens = [t for data in token_facts for t in data["ids"]]
+        tokens = [t for data in token_facts for t in data["ids"]]  # for the engine's prefill
         cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
 
-        prompt_request = prompt_request_from_fact(fact)
-        constraint = self.runtime.new_constraint(prompt_request)
-        builder = StreamBuilder(fact["response"])
-        parser = self.runtime.chat_format.new_parser()
-        regenerated = builder.created() + builder.in_progress()
-        for data in token_facts:
-            for position, token in enumerate(data["ids"]):
-                if constraint is not None:
-                    constraint.accept(token)
-                logprobs = [data["logprobs"][position]] if "logprobs" in data else None
-                regenerated += builder.feed(parser.feed(token), logprobs=logprobs)
-        if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
-            raise RuntimeError("replaying the logged tokens did not reproduce the logged events")
-        run = ActiveRun(
-            rid, fact, builder, parser, projected={}, generated=len(tokens), pending=regenerated[len(logged) :]
-        )
-        projected: dict[str, Any] | None = None
-        for event in logged:
-            projected = apply(projected, event)
-        assert projected is not None
-        run.projected = projected
+        constraint = self.runtime.new_constraint(prompt_request_from_fact(fact))
+        run = replay_run(rid, fact, token_facts, logged, self.runtime.chat_format, constraint)
 
         if cancelled or (not claimed.background and claimed.claims > 1):
             # A foreground run whose worker died lost its client with it: record it as cancelled.
@@ -398,24 +323,3 @@ class RunSupervisor:
                     if cancel and rid in self.active:
                         self.active[rid].cancel_requested = True
                         self.wake()
-
-
-def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:
-    """A committed event as readers of the log see it (position is not needed to stream it)."""
-    return event_log.StoredEvent(0, response_id, event["sequence_number"], event["type"], event_log.encode(event))
-
-
-def sampling_fact(
-    *, max_new_tokens: int, temperature: float, top_p: float, seed: int, top_logprobs: int
-) -> dict[str, Any]:
-    return {
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "seed": seed,
-        "top_logprobs": top_logprobs,
-    }
-
-
-def now() -> float:
-    return time.time()

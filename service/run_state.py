@@ -1,0 +1,129 @@
+"""A run's in-memory state, and how it is rebuilt from the log. Pure: no I/O.
+
+Replaying the logged tokens through a fresh parser and StreamBuilder regenerates exactly the
+events already logged (the builder is deterministic), so a claimer continues a run with the
+next sequence number instead of storing the builder's state anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.engine.base import LogitsConstraint
+from service.projection import apply
+from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PromptRequest
+from service.protocol import TERMINAL_EVENT_TYPES
+from service.store import event_log
+from service.store.recorder import RunWrite
+from service.stream_builder import Ending, StreamBuilder
+
+
+class ReplayDiverged(RuntimeError):
+    """Replaying the logged tokens did not reproduce the logged events."""
+
+
+# Events after which the `responses` row is refreshed; deltas in between are folded by readers.
+_ROW_REFRESH_EVENTS = TERMINAL_EVENT_TYPES | {"response.in_progress", "response.output_item.done"}
+
+
+def prompt_request_from_fact(fact: dict[str, Any]) -> PromptRequest:
+    return PromptRequest(
+        items=fact["prompt_items"],
+        instructions=fact["instructions"],
+        tools=tuple(fact["tools"]),
+        reasoning_effort=fact["reasoning_effort"],
+    )
+
+
+@dataclass
+class ActiveRun:
+    response_id: str
+    fact: dict[str, Any]
+    builder: StreamBuilder
+    parser: OutputParser
+    projected: dict[str, Any]
+    generated: int
+    pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
+    cancel_requested: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.fact["prompt_token_ids"])
+
+    def write(self) -> RunWrite:
+        pending, self.pending = self.pending, []
+        return RunWrite(self.response_id, events=pending, output_ordinal_base=self.fact["input_item_count"])
+
+    def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
+        write.events += new_events
+        for event in new_events:
+            self.projected = apply(self.projected, event)
+        if any(e["type"] in _ROW_REFRESH_EVENTS for e in write.events):
+            # A snapshot: the write may be committed after later deltas changed `projected`.
+            write.projection = copy.deepcopy(self.projected)
+        write.terminal = self.builder.finished
+
+    def finish(self, write: RunWrite, ending: Ending, error: dict[str, str] | None = None) -> None:
+        try:
+            chunks = self.parser.finish()
+        except MalformedOutput:
+            chunks = []  # the run is ending anyway; an unparseable tail is dropped
+        if ending != "stop":
+            # An item cut short is closed by builder.finish with status "incomplete".
+            chunks = [chunk for chunk in chunks if not isinstance(chunk, ItemEnded)]
+        events = self.builder.feed(chunks)
+        events += self.builder.finish(
+            ending, input_tokens=self.prompt_tokens, output_tokens=self.generated, error=error
+        )
+        self.record(write, events)
+
+
+def replay_run(
+    response_id: str,
+    fact: dict[str, Any],
+    token_facts: list[dict[str, Any]],
+    logged: list[dict[str, Any]],
+    chat_format: ChatFormat,
+    constraint: LogitsConstraint | None,
+) -> ActiveRun:
+    """Rebuild a run from its request fact, its token facts and its logged events; events the
+    replay regenerates beyond the log (e.g. `response.in_progress` of a run never started) are
+    left in `pending` to be appended."""
+    builder = StreamBuilder(fact["response"])
+    parser = chat_format.new_parser()
+    regenerated = builder.created() + builder.in_progress()
+    generated = 0
+    for data in token_facts:
+        for position, token in enumerate(data["ids"]):
+            if constraint is not None:
+                constraint.accept(token)
+            logprobs = [data["logprobs"][position]] if "logprobs" in data else None
+            regenerated += builder.feed(parser.feed(token), logprobs=logprobs)
+            generated += 1
+    if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
+        raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")
+    projected: dict[str, Any] | None = None
+    for event in logged:
+        projected = apply(projected, event)
+    if projected is None:
+        raise ReplayDiverged(f"{response_id} has no logged events")
+    return ActiveRun(response_id, fact, builder, parser, projected, generated, pending=regenerated[len(logged) :])
+
+
+def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:
+    """A committed event as readers of the log see it (position is not needed to stream it)."""
+    return event_log.StoredEvent(0, response_id, event["sequence_number"], event["type"], event_log.encode(event))
+
+
+def sampling_fact(
+    *, max_new_tokens: int, temperature: float, top_p: float, seed: int, top_logprobs: int
+) -> dict[str, Any]:
+    return {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "top_logprobs": top_logprobs,
+    }
