@@ -109,7 +109,6 @@ class Commands:
             response=response,
             input_items=input_items,
             background=request.background,
-            owner=None,
             lease_seconds=self.settings.lease_seconds,
         )
         await self.notifier.publish([response_id])

@@ -54,14 +54,10 @@ def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
     return response
 
 
-def is_terminal(event: Event) -> bool:
-    return event["type"] in TERMINAL_EVENT_TYPES
-
-
-def finished_output_items(events: Iterable[Event]) -> list[dict[str, Any]]:
-    """Output items that reached output_item.done, in output order."""
+def finished_output(events: Iterable[Event]) -> list[tuple[int, dict[str, Any]]]:
+    """(output_index, item) of the output items that reached output_item.done, in output order."""
     done: dict[int, dict[str, Any]] = {}
     for event in events:
         if event["type"] == "response.output_item.done":
             done[event["output_index"]] = event["item"]
-    return [done[index] for index in sorted(done)]
+    return sorted(done.items(), key=lambda pair: pair[0])

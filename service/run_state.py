@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.engine.base import LogitsConstraint
-from service.projection import apply
+from service.projection import apply, project
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PromptRequest
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.store import event_log
@@ -104,12 +104,7 @@ def replay_run(
             generated += 1
     if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
         raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")
-    projected: dict[str, Any] | None = None
-    for event in logged:
-        projected = apply(projected, event)
-    if projected is None:
-        raise ReplayDiverged(f"{response_id} has no logged events")
-    return ActiveRun(response_id, fact, builder, parser, projected, generated, pending=regenerated[len(logged) :])
+    return ActiveRun(response_id, fact, builder, parser, project(logged), generated, pending=regenerated[len(logged) :])
 
 
 def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:

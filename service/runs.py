@@ -23,7 +23,7 @@ from service.config import Settings
 from service.engine.base import EngineError, SamplingParams, TokenOutput
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
-from service.projection import apply
+from service.projection import project
 from service.prompting.base import MalformedOutput
 from service.run_state import ActiveRun, prompt_request_from_fact, replay_run, stored
 from service.store import event_log, leases, recorder
@@ -157,11 +157,15 @@ class RunSupervisor:
                 log.exception("could not start run %s", run.response_id)
                 await self._fail_unstarted(run.response_id, f"The run could not be started: {exc}")
 
+    async def _read_log(self, response_id: str) -> tuple[list[event_log.StoredFact], list[dict[str, Any]]]:
+        async with self.db.connect() as connection:
+            facts = await event_log.read_facts(connection, response_id)
+            logged = [e.payload() for e in await event_log.read_events(connection, response_id)]
+        return facts, logged
+
     async def _resume(self, claimed: ClaimedRun) -> None:
         rid = claimed.response_id
-        async with self.db.connect() as connection:
-            facts = await event_log.read_facts(connection, rid)
-            logged = [e.payload() for e in await event_log.read_events(connection, rid)]
+        facts, logged = await self._read_log(rid)
         request_facts = [f.data for f in facts if f.kind == "request"]
         if not request_facts or not logged:
             return  # deleted meanwhile
@@ -271,13 +275,18 @@ class RunSupervisor:
             log.warning("run %s is no longer ours; dropping it", rid)
             self._backlog.pop(rid, None)
             await self._drop(rid)
-        for rid, cancel in outcome.cancel_requested.items():
-            if cancel and rid in self.active:
-                self.active[rid].cancel_requested = True
+        self._note_cancels(outcome.cancel_requested)
         committed = {w.response_id: w.events for w in writes if w.response_id not in outcome.lost}
         await self.notifier.publish(
             committed, {rid: [stored(rid, e) for e in events] for rid, events in committed.items()}
         )
+
+    def _note_cancels(self, cancel_requested: dict[str, bool]) -> None:
+        """Flag owned runs whose cancel was requested; the loop ends them before its next step."""
+        for rid, cancel in cancel_requested.items():
+            if cancel and rid in self.active:
+                self.active[rid].cancel_requested = True
+                self.wake()
 
     async def _commit_alone(self, run: ActiveRun, ending: Ending, error: dict[str, str] | None = None) -> None:
         write = run.write()
@@ -287,16 +296,11 @@ class RunSupervisor:
 
     async def _fail_unstarted(self, response_id: str, message: str) -> None:
         with contextlib.suppress(Exception):
-            async with self.db.connect() as connection:
-                facts = await event_log.read_facts(connection, response_id)
-                logged = [e.payload() for e in await event_log.read_events(connection, response_id)]
+            facts, logged = await self._read_log(response_id)
             fact = next(f.data for f in facts if f.kind == "request")
+            # Its tokens could not be replayed: end it after what is logged, with no new output.
             builder = StreamBuilder(fact["response"], next_sequence_number=len(logged))
-            projected: dict[str, Any] | None = None
-            for event in logged:
-                projected = apply(projected, event)
-            assert projected is not None
-            run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), projected, 0)
+            run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), project(logged), 0)
             await self._commit_alone(run, "failed", {"code": "server_error", "message": message})
 
     def _forget(self, response_id: str, *, in_engine: bool = True) -> None:
@@ -319,7 +323,4 @@ class RunSupervisor:
                     owned = await leases.fence(
                         connection, self.owner, list(self.active), lease_seconds=self.settings.lease_seconds
                     )
-                for rid, cancel in owned.items():
-                    if cancel and rid in self.active:
-                        self.active[rid].cancel_requested = True
-                        self.wake()
+                self._note_cancels(owned)

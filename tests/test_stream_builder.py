@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.projection import finished_output_items, project
+from service.projection import finished_output, project
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import initial_response, parse_create_request
 from service.stream_builder import StreamBuilder
@@ -85,7 +85,7 @@ def test_exactly_one_terminal_event() -> None:
 def test_projection_of_the_whole_log_is_the_terminal_response() -> None:
     events = _run(_builder())
     assert project(events) == events[-1]["response"]
-    assert finished_output_items(events) == events[-1]["response"]["output"]
+    assert [item for _index, item in finished_output(events)] == events[-1]["response"]["output"]
 
 
 def test_projection_of_a_partial_log_shows_text_so_far() -> None:

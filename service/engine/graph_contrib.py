@@ -35,12 +35,6 @@ def quantize_blockwise_int8(w: np.ndarray, block: int = BLOCK_SIZE) -> tuple[np.
     return q.astype(np.uint8), scale.reshape(-1), zp
 
 
-def dequantize_blockwise_int8(b: np.ndarray, scale: np.ndarray, k: int) -> np.ndarray:
-    n, kb, block = b.shape
-    w = (b.astype(np.float32) - 128.0) * scale.reshape(n, kb, 1)
-    return w.reshape(n, kb * block)[:, :k]
-
-
 def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True) -> onnx.ModelProto:
     """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests)."""
     c = config

@@ -190,9 +190,8 @@ async def list_input_items(request: Request) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
+    await _commands(request).get(response_id)  # 404 for unknown and store=false responses, like every read
     async with request.app.state.db.connect() as connection:
-        if not await read_models.exists(connection, response_id):
-            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         items = await read_models.list_items(connection, response_id, source="input")
     if order == "desc":
         items.reverse()

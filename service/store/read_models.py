@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.projection import project
+from service.projection import finished_output, project
 from service.protocol import item_role, item_text
 from service.store.event_log import encode, read_events
 from service.store.schema import conversation_items, responses
@@ -69,6 +69,14 @@ async def insert_items(
                 for offset, item in enumerate(items)
             ],
         )
+
+
+async def insert_output_items(
+    connection: AsyncConnection, response_id: str, events: Sequence[dict[str, Any]], *, input_item_count: int
+) -> None:
+    """The output items these events finish; output item i is ordinal input_item_count + i."""
+    for index, item in finished_output(events):
+        await insert_items(connection, response_id, [item], source="output", first_ordinal=input_item_count + index)
 
 
 async def get_response(connection: AsyncConnection, response_id: str) -> dict[str, Any] | None:

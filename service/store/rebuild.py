@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from service.projection import finished_output_items, project
+from service.projection import project
 from service.store import event_log, read_models
 from service.store.db import create_engine, migrate
 
@@ -38,22 +38,12 @@ async def rebuild_projections(database_url: str) -> int:
                     source="input",
                     first_ordinal=0,
                 )
-                for index, item in _indexed_output(payloads):
-                    await read_models.insert_items(
-                        connection,
-                        response_id,
-                        [item],
-                        source="output",
-                        first_ordinal=request["input_item_count"] + index,
-                    )
+                await read_models.insert_output_items(
+                    connection, response_id, payloads, input_item_count=request["input_item_count"]
+                )
         return len(grouped)
     finally:
         await db.dispose()
-
-
-def _indexed_output(payloads: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    indices = sorted(e["output_index"] for e in payloads if e["type"] == "response.output_item.done")
-    return list(zip(indices, finished_output_items(payloads), strict=True))
 
 
 async def inspect_response(database_url: str, response_id: str) -> dict[str, Any]:

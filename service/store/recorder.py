@@ -12,7 +12,6 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.projection import finished_output_items
 from service.store import event_log, leases, read_models
 
 
@@ -50,7 +49,6 @@ async def create_response(
     response: dict[str, Any],
     input_items: Sequence[dict[str, Any]],
     background: bool,
-    owner: str | None,
     lease_seconds: float,
 ) -> None:
     response_id = response["id"]
@@ -60,7 +58,7 @@ async def create_response(
         position = await event_log.append_events(connection, response_id, [created_event])
         await read_models.insert_response(connection, response, position=position)
         await read_models.insert_items(connection, response_id, input_items, source="input", first_ordinal=0)
-        await leases.enqueue(connection, response_id, background=background, owner=owner, lease_seconds=lease_seconds)
+        await leases.enqueue(connection, response_id, background=background, owner=None, lease_seconds=lease_seconds)
 
 
 async def commit_step(
@@ -102,23 +100,11 @@ async def _apply_write(connection: Any, write: RunWrite) -> None:
     rid = write.response_id
     await event_log.append_facts(connection, [(rid, kind, data) for kind, data in write.facts])
     position = await event_log.append_events(connection, rid, write.events)
-    done_items = finished_output_items(write.events)
-    if done_items:
-        indices = [e["output_index"] for e in write.events if e["type"] == "response.output_item.done"]
-        for index, item in zip(sorted(indices), done_items, strict=True):
-            await read_models.insert_items(
-                connection, rid, [item], source="output", first_ordinal=write.output_ordinal_base + index
-            )
+    await read_models.insert_output_items(connection, rid, write.events, input_item_count=write.output_ordinal_base)
     if write.projection is not None and position:
         await read_models.update_response(connection, write.projection, position=position)
     if write.terminal:
         await leases.mark_done(connection, rid)
-
-
-async def finish_unstarted(engine: AsyncEngine, owner: str, write: RunWrite, *, lease_seconds: float) -> bool:
-    """Commit a terminal write for a run that never generated (e.g. cancelled while queued)."""
-    outcome = await commit_step(engine, owner, [write], lease_seconds=lease_seconds)
-    return write.response_id not in outcome.lost
 
 
 async def request_cancel(engine: AsyncEngine, response_id: str) -> None:
