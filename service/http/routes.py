@@ -56,7 +56,8 @@ async def create_response(request: Request) -> Response:
             forget_at_end=not create.store,
         )
     if create.background:
-        return JSONResponse(await commands.get(created.response_id))
+        # The Response as created (queued), like OpenAI: the run may already be further along.
+        return JSONResponse(created.response)
     return await _wait_for_end(request, created.response_id, forget_at_end=not create.store)
 
 
