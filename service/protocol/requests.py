@@ -1,114 +1,32 @@
-"""Wire models: the create request (validated strictly) and the Response object we emit.
-
-Shapes follow the OpenAI Responses API as typed by the official `openai` package.
-Anything we do not implement is rejected with a 400 naming the field, never ignored.
-"""
+"""The create request: validated strictly (unknown fields are a 400 naming them), and its input normalised."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from service.errors import InvalidRequest
-
-ConversationItem = dict[str, Any]
-
-
-def new_response_id() -> str:
-    return "resp_" + secrets.token_hex(24)
-
-
-def derived_id(prefix: str, response_id: str, key: str) -> str:
-    """Item ids are a pure function of (response, position) so a replayed run names items identically."""
-    digest = hashlib.sha256(f"{response_id}:{key}".encode()).hexdigest()[:40]
-    return f"{prefix}_{digest}"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from service.protocol.base import Strict
+from service.protocol.ids import derived_id
+from service.protocol.items import (
+    ID_PREFIX,
+    ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputItem,
+    MessageItem,
+)
+from service.protocol.text import TextConfig
+from service.protocol.tools import FunctionTool, FunctionToolChoice
 
 
-class TextPart(_Strict):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
-
-
-class MessageItem(_Strict):
-    type: Literal["message"] = "message"
-    id: str | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
-    status: str | None = None
-
-
-class FunctionCallItem(_Strict):
-    type: Literal["function_call"]
-    id: str | None = None
-    call_id: str
-    name: str
-    arguments: str
-    status: str | None = None
-
-
-class FunctionCallOutputItem(_Strict):
-    type: Literal["function_call_output"]
-    id: str | None = None
-    call_id: str
-    output: str
-    status: str | None = None
-
-
-class ReasoningText(_Strict):
-    type: Literal["reasoning_text"]
-    text: str
-
-
-class ReasoningItem(_Strict):
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[Any] = Field(default_factory=list)
-    content: list[ReasoningText] | None = None
-    encrypted_content: None = None
-    status: str | None = None
-
-
-InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
-]
-
-
-class FunctionTool(_Strict):
-    type: Literal["function"]
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class FunctionToolChoice(_Strict):
-    type: Literal["function"]
-    name: str
-
-
-class ReasoningConfig(_Strict):
+class ReasoningConfig(Strict):
     effort: Literal["low", "medium", "high"] | None = None
     summary: None = None
 
 
-class TextFormat(_Strict):
-    type: Literal["text"]
-
-
-class TextConfig(_Strict):
-    format: TextFormat | None = None
-
-
-class CreateResponseRequest(_Strict):
+class CreateResponseRequest(Strict):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
@@ -208,7 +126,7 @@ def normalize_input(request: CreateResponseRequest, response_id: str) -> list[Co
     )
     out: list[ConversationItem] = []
     for index, item in enumerate(items):
-        item_id = item.id or derived_id(_ID_PREFIX[item.type], response_id, f"input:{index}")
+        item_id = item.id or derived_id(ID_PREFIX[item.type], response_id, f"input:{index}")
         if isinstance(item, MessageItem):
             part_type = "output_text" if item.role == "assistant" else "input_text"
             parts = [item.content] if isinstance(item.content, str) else [part.text for part in item.content]
@@ -258,69 +176,7 @@ _TYPE_TAGS = {
     "list",
     "none",
 }
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
 def wants_logprobs(request: CreateResponseRequest) -> bool:
     return bool(request.include) and "message.output_text.logprobs" in (request.include or [])
-
-
-def item_text(item: ConversationItem) -> str | None:
-    """Plain text of an item for the SQL-facing `text` column."""
-    kind = item.get("type")
-    if kind in ("message", "reasoning"):
-        return "".join(part.get("text", "") for part in item.get("content") or [])
-    if kind == "function_call":
-        return f"{item.get('name')}({item.get('arguments')})"
-    if kind == "function_call_output":
-        return str(item.get("output"))
-    return None
-
-
-def item_role(item: ConversationItem) -> str | None:
-    kind = item.get("type")
-    if kind == "message":
-        return str(item.get("role"))
-    if kind == "function_call_output":
-        return "tool"
-    return "assistant" if kind in ("function_call", "reasoning") else None
-
-
-def initial_response(
-    request: CreateResponseRequest, *, response_id: str, model: str, created_at: float, max_output_tokens: int
-) -> dict[str, Any]:
-    """The Response object as it stands before generation starts."""
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": "queued" if request.background else "in_progress",
-        "background": request.background,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": request.instructions,
-        "max_output_tokens": request.max_output_tokens or max_output_tokens,
-        "metadata": request.metadata or {},
-        "model": model,
-        "output": [],
-        "parallel_tool_calls": request.parallel_tool_calls,
-        "previous_response_id": request.previous_response_id,
-        "reasoning": {"effort": (request.reasoning.effort if request.reasoning else None), "summary": None},
-        "store": request.store,
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": request.tool_choice
-        if isinstance(request.tool_choice, str)
-        else request.tool_choice.model_dump(),
-        "tools": [tool.model_dump(exclude_none=False) for tool in request.tools],
-        "top_p": 1.0 if request.top_p is None else request.top_p,
-        "top_logprobs": request.top_logprobs or 0,
-        "truncation": "disabled",
-        "usage": None,
-        "user": request.user,
-        "completed_at": None,
-    }
-
-
-TERMINAL_EVENT_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
-TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})

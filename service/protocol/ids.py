@@ -1,0 +1,16 @@
+"""Ids of responses and of the items in them."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+
+def new_response_id() -> str:
+    return "resp_" + secrets.token_hex(24)
+
+
+def derived_id(prefix: str, response_id: str, key: str) -> str:
+    """Item ids are a pure function of (response, position) so a replayed run names items identically."""
+    digest = hashlib.sha256(f"{response_id}:{key}".encode()).hexdigest()[:40]
+    return f"{prefix}_{digest}"

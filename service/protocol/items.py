@@ -1,0 +1,86 @@
+"""Input and output items (messages, function calls and outputs, reasoning) and their SQL-facing text."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from service.protocol.base import Strict
+
+ConversationItem = dict[str, Any]
+
+
+class TextPart(Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class MessageItem(Strict):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[TextPart]
+    status: str | None = None
+
+
+class FunctionCallItem(Strict):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    arguments: str
+    status: str | None = None
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str
+    output: str
+    status: str | None = None
+
+
+class ReasoningText(Strict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(Strict):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: None = None
+    status: str | None = None
+
+
+InputItem = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
+]
+
+
+ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def item_text(item: ConversationItem) -> str | None:
+    """Plain text of an item for the SQL-facing `text` column."""
+    kind = item.get("type")
+    if kind in ("message", "reasoning"):
+        return "".join(part.get("text", "") for part in item.get("content") or [])
+    if kind == "function_call":
+        return f"{item.get('name')}({item.get('arguments')})"
+    if kind == "function_call_output":
+        return str(item.get("output"))
+    return None
+
+
+def item_role(item: ConversationItem) -> str | None:
+    kind = item.get("type")
+    if kind == "message":
+        return str(item.get("role"))
+    if kind == "function_call_output":
+        return "tool"
+    return "assistant" if kind in ("function_call", "reasoning") else None
