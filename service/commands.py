@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
+from service.constraints.plan import constraint_spec
 from service.errors import InvalidRequest, NotFound
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
@@ -62,6 +63,7 @@ class Commands:
         prompt_request = PromptRequest(
             items=history + input_items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
         )
+        constraints = await self._constraints(request, prompt_request)
         prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
         room = self.runtime.engine.max_context - len(prompt_ids)
         if room < 1:
@@ -88,6 +90,7 @@ class Commands:
             "prompt_items": prompt_request.items,
             "instructions": request.instructions,
             "tools": tools,
+            "constraints": constraints,
             "reasoning_effort": effort,
             "prompt_token_ids": prompt_ids,
             "input_item_count": len(input_items),
@@ -99,6 +102,8 @@ class Commands:
                 top_p=1.0 if request.top_p is None else request.top_p,
                 seed=seed,
                 top_logprobs=request.top_logprobs or 0,
+                frequency_penalty=request.frequency_penalty or 0.0,
+                presence_penalty=request.presence_penalty or 0.0,
             ),
         }
         created_event = StreamBuilder(response).created()[0]
@@ -114,6 +119,20 @@ class Commands:
         await self.notifier.publish([response_id])
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
+
+    async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
+        """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
+        choice = request.tool_choice
+        text_format = request.text.format if request.text is not None else None
+        constraints = constraint_spec(
+            tool_choice=choice if isinstance(choice, str) else choice.model_dump(),
+            text_format=text_format.model_dump(mode="json", exclude_none=True) if text_format is not None else None,
+            max_tool_calls=getattr(request, "max_tool_calls", None),
+            reasoning_budget=self.settings.reasoning_budget(prompt_request.reasoning_effort),
+        )
+        limit = self.settings.max_grammar_bytes
+        await asyncio.to_thread(self.runtime.check_constraints, prompt_request, constraints, max_grammar_bytes=limit)
+        return constraints
 
     async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
         async with self.db.connect() as connection:

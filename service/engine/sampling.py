@@ -2,14 +2,17 @@
 (seed, token index), so a resumed run samples exactly what an uninterrupted run would have.
 
 Reported logprobs are from the model's own distribution: log-softmax of the raw logits at
-temperature 1, before top-k/top-p and before the constraint mask.
+temperature 1, before penalties, top-k/top-p and the constraint mask.
+
+Order of operations: raw logits -> frequency/presence penalties (from the counts of tokens generated
+so far) -> constraint mask (an id array or a packed bitmask) -> greedy or temperature/top-k/top-p draw.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from service.engine.base import SamplingParams, TokenOutput
+from service.engine.base import AllowedTokens, SamplingParams, TokenBitmask, TokenOutput
 
 # For top-p, first try the nucleus among this many best tokens; fall back to sorting everything.
 _NUCLEUS_PREFETCH = 1024
@@ -99,23 +102,58 @@ def _choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:
     return _inverse_cdf(p, u)
 
 
+def apply_penalties(logits: np.ndarray, params: SamplingParams, counts: dict[int, int] | None) -> np.ndarray:
+    """OpenAI's presence/frequency penalties over `counts` (token id -> times generated); a new array."""
+    if not counts or (params.frequency_penalty == 0.0 and params.presence_penalty == 0.0):
+        return logits
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    times = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+    out = logits.copy()
+    out[ids] -= np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * times
+    return out
+
+
+def bitmask_to_bool(mask: TokenBitmask, vocab: int) -> np.ndarray:
+    """Unpack llguidance's bit layout (little-endian words, bit i = token 32*j+i) to a bool per token."""
+    bits = np.unpackbits(np.ascontiguousarray(mask.words, dtype="<u4").view(np.uint8), bitorder="little")
+    if bits.shape[0] < vocab:
+        bits = np.concatenate([bits, np.zeros(vocab - bits.shape[0], dtype=np.uint8)])
+    return bits[:vocab].view(np.bool_)
+
+
+def _apply_mask(logits: np.ndarray, allowed: AllowedTokens) -> np.ndarray:
+    if isinstance(allowed, TokenBitmask):
+        keep = bitmask_to_bool(allowed, logits.shape[0])
+        if not keep.any():
+            raise ValueError("constraint allows no token")
+        masked = np.full_like(logits, -np.inf)
+        np.copyto(masked, logits, where=keep)
+        return masked
+    allowed = np.asarray(allowed, dtype=np.int64)
+    if allowed.size == 0:
+        raise ValueError("constraint allows no token")
+    if allowed.size >= _BIAS_CACHE_MIN:
+        return logits + _mask_bias(allowed, logits.shape[0])  # the same values as the copy below, faster
+    masked = np.full_like(logits, -np.inf)
+    masked[allowed] = logits[allowed]
+    return masked
+
+
 def sample(
-    logits: np.ndarray, params: SamplingParams, token_index: int, allowed: np.ndarray | None = None
+    logits: np.ndarray,
+    params: SamplingParams,
+    token_index: int,
+    allowed: AllowedTokens | None = None,
+    counts: dict[int, int] | None = None,
 ) -> TokenOutput:
-    """Pick one token from `logits` (vocab,). `allowed` (token ids) masks everything else out.
+    """Pick one token from `logits` (vocab,). `allowed` (token ids or a packed bitmask) masks everything
+    else out; `counts` (token id -> times generated so far) feeds the frequency/presence penalties.
 
     Greedy when temperature == 0. finish_reason is left for the engine to set."""
     raw = np.asarray(logits, dtype=np.float32)
-    masked = raw
+    masked = apply_penalties(raw, params, counts)
     if allowed is not None:
-        allowed = np.asarray(allowed, dtype=np.int64)
-        if allowed.size == 0:
-            raise ValueError("constraint allows no token")
-        if allowed.size >= _BIAS_CACHE_MIN:
-            masked = raw + _mask_bias(allowed, raw.shape[0])  # the same values as the copy below, faster
-        else:
-            masked = np.full_like(raw, -np.inf)
-            masked[allowed] = raw[allowed]
+        masked = _apply_mask(masked, allowed)
     if params.temperature <= 0.0:
         token = int(np.argmax(masked))
     else:

@@ -29,7 +29,7 @@ def initial_response(
         "reasoning": {"effort": (request.reasoning.effort if request.reasoning else None), "summary": None},
         "store": request.store,
         "temperature": 1.0 if request.temperature is None else request.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": _text_format(request)},
         "tool_choice": request.tool_choice
         if isinstance(request.tool_choice, str)
         else request.tool_choice.model_dump(),
@@ -41,6 +41,12 @@ def initial_response(
         "user": request.user,
         "completed_at": None,
     }
+
+
+def _text_format(request: CreateResponseRequest) -> dict[str, Any]:
+    if request.text is None or request.text.format is None:
+        return {"type": "text"}
+    return request.text.format.model_dump(mode="json", exclude_none=True)
 
 
 TERMINAL_EVENT_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})
