@@ -44,8 +44,8 @@ from service.engine.base import AllowedTokens, TokenBitmask
 _ANALYSIS, _FINAL, _PREAMBLE, _CALL = "analysis", "final", "preamble", "call"
 _FREE = (_ANALYSIS, _PREAMBLE)  # bodies the reasoning budget counts
 
-# A header trie is keyed by: the callable tools (name, custom), may it answer, may it reason.
-TrieKey = tuple[tuple[tuple[str, bool], ...], bool, bool]
+# A header trie is keyed by: the callable tools (name, custom), may it answer, the free-text kinds it may open.
+TrieKey = tuple[tuple[tuple[str, bool], ...], bool, tuple[str, ...]]
 
 
 @dataclass
@@ -97,10 +97,10 @@ class HarmonyVocab:
 
     def header_trie(self, function_names: tuple[str, ...]) -> _TrieNode:
         """Every header, calls to `function_names` (function tools) included."""
-        return self.trie((tuple((name, False) for name in function_names), True, True))
+        return self.trie((tuple((name, False) for name in function_names), True, _FREE))
 
     def trie(self, key: TrieKey) -> _TrieNode:
-        """The header trie for (callable tools, may answer, may reason); cached per distinct key."""
+        """The header trie for (callable tools, may answer, free-text kinds); cached per distinct key."""
         cached = self._tries.get(key)
         if cached is not None:
             return cached
@@ -108,8 +108,9 @@ class HarmonyVocab:
         enc = self.encoding
         channel_seq = [self.channel]
         headers: list[tuple[list[int], str, str | None]] = []
-        if free:
+        if _ANALYSIS in free:
             headers.append((channel_seq + enc.encode("analysis") + [self.message], _ANALYSIS, None))
+        if _PREAMBLE in free:
             headers.append((channel_seq + enc.encode("commentary") + [self.message], _PREAMBLE, None))
         if final or not calls:
             headers.append((channel_seq + enc.encode("final") + [self.message], _FINAL, None))
@@ -166,9 +167,12 @@ class HarmonyHeaderConstraint:
         self._tokenizer = tokenizer
         self._targets = {call.name: call for call in plan.calls}
         calls = tuple(sorted((call.name, call.custom) for call in plan.calls))
-        self._root = vocab.trie((calls, plan.final, True))
+        # A structured answer is the only message besides reasoning: no commentary preamble, so that
+        # the response's output_text is exactly the JSON.
+        free = (_ANALYSIS,) if plan.final_grammar is not None else _FREE
+        self._root = vocab.trie((calls, plan.final, free))
         # After the reasoning budget: no more analysis or preamble.
-        self._answer_root = vocab.trie((calls, plan.final, False))
+        self._answer_root = vocab.trie((calls, plan.final, ()))
         self._node: _TrieNode | None = self._root  # in a header
         self._body: str | None = None  # in a body of this kind
         self._matcher: GrammarMatcher | None = None  # the body's grammar, if it has one
