@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from service.constraints.plan import DecodingPlan
 from service.engine.base import LogitsConstraint
 from service.prompting.base import (
     ConversationItem,
@@ -92,9 +93,9 @@ def items_to_chat_messages(
             append("system" if role == "developer" else role, _text_of(item.get("content")))
         elif kind == "reasoning":
             continue
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             names[item["call_id"]] = item["name"]
-            args = item.get("arguments") or ""
+            args = item.get("arguments") or item.get("input") or ""
             if structured_tools:
                 call = {
                     "id": item["call_id"],
@@ -108,7 +109,7 @@ def items_to_chat_messages(
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             else:
                 append("assistant", f"Calling function {item['name']} with arguments {args}")
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = _output_text(item)
             name = names.get(item["call_id"], "unknown")
             if structured_tools:
@@ -227,7 +228,8 @@ class ChatTemplateFormat:
             ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
         return ids
 
-    def constraint_for(self, request: PromptRequest) -> LogitsConstraint | None:
+    def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> LogitsConstraint | None:
+        """None: requests that need a grammar are refused (400) before they reach a chat-template model."""
         return None
 
     def chat_messages(self, request: PromptRequest) -> list[dict[str, Any]]:
