@@ -373,7 +373,7 @@ def test_function_tools_are_accepted_and_rendered(client: openai.OpenAI) -> None
         (b"{not json", 400, None),
         (json.dumps({"input": 5}).encode(), 400, "input"),
         (json.dumps({"input": "x", "temperature": "hot"}).encode(), 400, "temperature"),
-        (json.dumps({"input": "x", "frequency_penalty": 1}).encode(), 400, "frequency_penalty"),
+        (json.dumps({"input": "x", "frequency_penalty": 3}).encode(), 400, "frequency_penalty"),
         (json.dumps({"input": [{"type": "input_image", "image_url": "x"}]}).encode(), 400, "input[0]"),
         (json.dumps({"input": "x", "model": "gpt-9"}).encode(), 404, "model"),
         (json.dumps({"input": "x", "background": True, "store": False}).encode(), 400, "background"),
