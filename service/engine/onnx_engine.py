@@ -43,6 +43,8 @@ from service.engine.quantize import find_model_file
 from service.engine.sampling import sample
 
 _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produce (full-logits graphs)
+# Threads computing grammar masks beside the forward pass (each takes a share of the batch).
+_MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 @dataclass
@@ -186,16 +188,19 @@ class OnnxEngine:
             else:
                 going.append((seq, out.token_id))
         constrained = [seq.constraint for seq, _ in going if seq.constraint is not None]
-        masks = None
+        masks = []
         if constrained:
             if self._mask_thread is None:
-                self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks")
-            masks = self._mask_thread.submit(_compute_masks, constrained)  # overlaps the forward pass
+                self._mask_thread = ThreadPoolExecutor(max_workers=_MASK_THREADS, thread_name_prefix="masks")
+            # Next step's masks, computed while the model runs (llguidance drops the GIL), split
+            # across the mask threads.
+            shares = [constrained[i :: _MASK_THREADS] for i in range(min(_MASK_THREADS, len(constrained)))]
+            masks = [self._mask_thread.submit(_compute_masks, share) for share in shares]
         try:
             self._decode(going)
         finally:
-            if masks is not None:
-                masks.result()
+            for future in masks:
+                future.result()
         return results
 
     def _decode(self, going: list[tuple[_Sequence, int]]) -> None:
