@@ -60,8 +60,13 @@ class Commands:
 
         tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
         effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
+        text_format = request.text.format if request.text is not None else None
         prompt_request = PromptRequest(
-            items=history + input_items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
+            items=history + input_items,
+            instructions=request.instructions,
+            tools=tuple(tools),
+            reasoning_effort=effort,
+            response_format=text_format.model_dump(mode="json", exclude_none=True) if text_format else None,
         )
         constraints = await self._constraints(request, prompt_request)
         prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
@@ -123,10 +128,9 @@ class Commands:
     async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
         """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
         choice = request.tool_choice
-        text_format = request.text.format if request.text is not None else None
         constraints = constraint_spec(
             tool_choice=choice if isinstance(choice, str) else choice.model_dump(),
-            text_format=text_format.model_dump(mode="json", exclude_none=True) if text_format is not None else None,
+            text_format=prompt_request.response_format,
             max_tool_calls=getattr(request, "max_tool_calls", None),
             reasoning_budget=self.settings.reasoning_budget(prompt_request.reasoning_effort),
         )

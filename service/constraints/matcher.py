@@ -46,7 +46,7 @@ class GrammarMatcher:
             eos_word, eos_bit = divmod(self._eos, 32)
             complete = bool(words[eos_word] >> np.uint32(eos_bit) & np.uint32(1))
             words[eos_word] &= ~np.uint32(1 << eos_bit)
-            if complete or self.error is not None:
+            if complete or self.error is not None or not words.any():  # a dead end ends the body too
                 for token in self._terminators:
                     word, bit = divmod(token, 32)
                     words[word] |= np.uint32(1 << bit)

@@ -87,6 +87,20 @@ def custom_tool_description(tool: FunctionTool) -> ToolDescription:
     return ToolDescription.new(tool["name"], f"{description}\n{note}".strip(), parameters=None)
 
 
+def response_format_section(fmt: dict[str, Any] | None) -> str:
+    """The developer-message section gpt-oss reads a structured-output format from (Harmony's
+    `# Response Formats`), appended to the instructions."""
+    if not fmt:
+        return ""
+    if fmt.get("type") == "json_schema":
+        description = f"// {fmt['description']}\n" if fmt.get("description") else ""
+        schema = json.dumps(fmt.get("schema"), ensure_ascii=False)
+        return f"\n\n# Response Formats\n\n## {fmt.get('name', 'response')}\n\n{description}{schema}"
+    if fmt.get("type") == "json_object":
+        return "\n\n# Response Formats\n\nRespond with a JSON object."
+    return ""
+
+
 def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
     """Conversation items -> Harmony messages (no system/developer header messages)."""
     names_by_call_id: dict[str, str] = {}
@@ -208,11 +222,12 @@ class HarmonyFormat:
 
     def developer_message(self, request: PromptRequest) -> Message | None:
         tools = [function_tool_description(t) for t in request.tools if t.get("type", "function") in _TOOL_TYPES]
-        if not request.instructions and not tools:
+        instructions = (request.instructions or "") + response_format_section(request.response_format)
+        if not instructions and not tools:
             return None
         content = DeveloperContent.new()
-        if request.instructions:
-            content = content.with_instructions(request.instructions)
+        if instructions:
+            content = content.with_instructions(instructions.lstrip("\n"))
         if tools:
             content = content.with_function_tools(tools)
         return Message.from_role_and_content(Role.DEVELOPER, content)
