@@ -32,12 +32,16 @@ class ModelRuntime:
         if tokenizer_of is None:
             if plan.constrains_content:
                 raise InvalidRequest(
-                    "This model uses a chat template: structured outputs (text.format json_schema/json_object), "
-                    "custom tools, strict functions and forced tool_choice need a Harmony model on this server.",
+                    f"The {self.chat_format.name} format of this model cannot constrain its output: structured "
+                    "outputs, custom tools, strict functions and forced tool_choice are not available.",
                     param="text.format" if plan.final_grammar is not None else "tool_choice",
                     code="unsupported_value",
                 )
             return
+        refuse = getattr(self.chat_format, "refuse_plan", None)
+        problem = refuse(plan) if refuse is not None else None
+        if problem is not None:
+            raise InvalidRequest(problem[0], param=problem[1], code="unsupported_value")
         check_plan(plan, tokenizer_of(), max_bytes=max_grammar_bytes)
 
     def new_constraint(

@@ -64,9 +64,10 @@ def harmony_tokenizer(encoding: HarmonyEncoding) -> llguidance.LLTokenizer:
 
 
 @functools.cache
-def hf_tokenizer(model_dir: Path) -> llguidance.LLTokenizer:
-    """The llguidance tokenizer of a chat-template model, from its tokenizer.json."""
+def hf_tokenizer(model_dir: Path, eos_token: int) -> llguidance.LLTokenizer:
+    """The llguidance tokenizer of a chat-template model, from its tokenizer.json; a complete
+    grammar allows `eos_token`."""
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir} has no tokenizer.json: constrained decoding needs one")
-    return llguidance.LLTokenizer(str(path))
+    return llguidance.LLTokenizer(str(path), eos_token=eos_token)

@@ -6,6 +6,9 @@ temperature 1, before penalties, top-k/top-p and the constraint mask.
 
 Order of operations: raw logits -> frequency/presence penalties (from the counts of tokens generated
 so far) -> constraint mask (an id array or a packed bitmask) -> greedy or temperature/top-k/top-p draw.
+A mask that allows few tokens (a grammar, a header) is applied by sampling over the allowed ids alone:
+the same distribution in the same id order, so the same draw as masking the whole vocabulary up to
+float rounding, and always the same draw for the same inputs (what resume needs).
 """
 
 from __future__ import annotations
@@ -121,6 +124,31 @@ def bitmask_to_bool(mask: TokenBitmask, vocab: int) -> np.ndarray:
     return bits[:vocab].view(np.bool_)
 
 
+# When a constraint allows at most this fraction of the vocabulary, sampling runs over the allowed
+# ids alone (the same distribution in the same id order, without touching 200k masked-out logits).
+_COMPACT_FRACTION = 8
+
+
+def _compact_ids(allowed: AllowedTokens, vocab: int) -> np.ndarray | None:
+    """The sorted allowed ids when they are few (compact path), else None (mask the whole vocabulary)."""
+    if isinstance(allowed, TokenBitmask):
+        words = np.ascontiguousarray(allowed.words, dtype="<u4")
+        nonzero = np.flatnonzero(words)
+        if nonzero.size * 32 > 4 * vocab // _COMPACT_FRACTION:  # surely dense: skip the exact count
+            return None
+        bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32).view(np.bool_)
+        ids = (nonzero[:, None] * 32 + np.arange(32))[bits]
+        ids = ids[ids < vocab]
+    else:
+        ids = np.asarray(allowed, dtype=np.int64)
+        if ids.size * _COMPACT_FRACTION > vocab:
+            return None
+        ids = np.unique(ids)
+    if ids.size == 0:
+        raise ValueError("constraint allows no token")
+    return ids if ids.size * _COMPACT_FRACTION <= vocab else None
+
+
 def _apply_mask(logits: np.ndarray, allowed: AllowedTokens) -> np.ndarray:
     if isinstance(allowed, TokenBitmask):
         keep = bitmask_to_bool(allowed, logits.shape[0])
@@ -152,12 +180,17 @@ def sample(
     Greedy when temperature == 0. finish_reason is left for the engine to set."""
     raw = np.asarray(logits, dtype=np.float32)
     masked = apply_penalties(raw, params, counts)
-    if allowed is not None:
+    subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
+    if subset is not None:
+        masked = masked[subset]  # index j of the subset is token subset[j]
+    elif allowed is not None:
         masked = _apply_mask(masked, allowed)
     if params.temperature <= 0.0:
         token = int(np.argmax(masked))
     else:
         token = _choose(masked, params, draw_uniform(params.seed, token_index))
+    if subset is not None:
+        token = int(subset[token])
     lse = _logsumexp(raw)
     logprob = float(raw[token]) - lse
     top: tuple[tuple[int, float], ...] = ()

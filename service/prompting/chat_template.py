@@ -9,8 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import llguidance
+
+from service.constraints.compiler import compile_grammar
+from service.constraints.matcher import GrammarMatcher
 from service.constraints.plan import DecodingPlan
-from service.engine.base import LogitsConstraint
+from service.constraints.tokenizer import hf_tokenizer
+from service.engine.base import LogitsConstraint, TokenBitmask
 from service.prompting.base import (
     ConversationItem,
     ItemDelta,
@@ -199,6 +204,26 @@ class PlainTextParser:
         return self._close() if self._state == "open" else []
 
 
+class AnswerConstraint:
+    """LogitsConstraint for a chat-template completion whose whole text must match a grammar
+    (text.format): the matcher's bitmask at every step; once the value is complete only a stop
+    token may follow. Pure function of the tokens fed, like every constraint."""
+
+    def __init__(self, matcher: GrammarMatcher, stop_ids: frozenset[int]) -> None:
+        self._matcher = matcher
+        self._stop = stop_ids
+        self._done = False
+
+    def allowed_token_ids(self) -> TokenBitmask | None:
+        return None if self._done else TokenBitmask(self._matcher.bitmask())
+
+    def accept(self, token_id: int) -> None:
+        if token_id in self._stop:
+            self._done = True
+        elif not self._done:
+            self._matcher.accept(token_id)
+
+
 class ChatTemplateFormat:
     """ChatFormat backed by a local transformers tokenizer with a chat template."""
 
@@ -229,7 +254,30 @@ class ChatTemplateFormat:
         return ids
 
     def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> LogitsConstraint | None:
-        """None: requests that need a grammar are refused (400) before they reach a chat-template model."""
+        """With text.format a grammar, the whole completion is the answer (see AnswerConstraint);
+        otherwise the output is free text. Plans this format cannot enforce are refused earlier
+        (refuse_plan)."""
+        if plan is None or plan.final_grammar is None:
+            return None
+        tokenizer = self.grammar_tokenizer()
+        grammar = compile_grammar(plan.final_grammar, tokenizer, max_bytes=1 << 62)  # checked at create
+        return AnswerConstraint(GrammarMatcher(tokenizer, grammar, tuple(sorted(self._stop))), self._stop)
+
+    def grammar_tokenizer(self) -> llguidance.LLTokenizer:
+        """The llguidance tokenizer of this model's tokenizer.json (built once)."""
+        return hf_tokenizer(self.model_dir, min(self._stop))
+
+    def refuse_plan(self, plan: DecodingPlan) -> tuple[str, str] | None:
+        """(message, param) when the plan needs what this format cannot enforce yet: its tool-call
+        syntax is not parsed into calls, so no call can be forced, restricted to a grammar or strict."""
+        if not plan.final:
+            return ("This model uses a chat template: a forced tool_choice needs a Harmony model.", "tool_choice")
+        for index, call in enumerate(plan.calls):
+            if call.custom or (call.grammar is not None and call.grammar.strict):
+                return (
+                    f"This model uses a chat template: tool '{call.name}' (custom or strict) needs a Harmony model.",
+                    f"tools[{index}]",
+                )
         return None
 
     def chat_messages(self, request: PromptRequest) -> list[dict[str, Any]]:
