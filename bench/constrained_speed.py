@@ -13,8 +13,9 @@ Modes (every sequence of a batch in the same mode):
 Each sequence starts inside the final channel (`<|channel|>final<|message|>` is part of its prompt
 and already fed to its constraint), so every timed token is a body token. A sequence whose grammar
 completes is replaced by a fresh one (untimed), so the batch stays full. Only engine.step() is timed:
-tokens/s = tokens sampled / seconds in step(). Modes run interleaved, --rounds times, best of each
-reported (the machine is shared).
+tokens/s = tokens sampled / seconds in step(); CPU ms/token = process CPU time in step() (every
+thread: ONNX Runtime, the mask thread) / tokens, which other processes' load disturbs less. Modes
+run interleaved, --rounds times, best of each reported (the machine is shared).
 """
 
 from __future__ import annotations
@@ -87,22 +88,24 @@ class Bench:
         )
         self.engine.add_sequence(f"s{next(self.ids)}", self.prompt, params, constraint)
 
-    def run(self, mode: str, batch: int, steps: int) -> float:
+    def run(self, mode: str, batch: int, steps: int) -> tuple[float, float]:
+        """(tokens per wall second, process CPU milliseconds per token) over `steps` engine steps."""
         for seq_id in self.engine.active_sequence_ids():
             self.engine.remove_sequence(seq_id)
         for b in range(batch):
             self.add(mode, seed=b)
-        tokens, seconds = 0, 0.0
+        tokens, seconds, cpu = 0, 0.0, 0.0
         for _ in range(steps):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             out = self.engine.step()
             seconds += time.perf_counter() - started
+            cpu += time.process_time() - cpu_started
             tokens += len(out)
             for _finished in [o for o in out.values() if o.finish_reason is not None]:
                 self.add(mode, seed=tokens)  # keep the batch full (untimed)
         for seq_id in self.engine.active_sequence_ids():
             self.engine.remove_sequence(seq_id)
-        return tokens / seconds
+        return tokens / seconds, 1000 * cpu / tokens
 
 
 def main() -> None:
@@ -120,11 +123,13 @@ def main() -> None:
     for mode in MODES:  # warm up: grammar compilation and caches
         bench.run(mode, 1, 4)
     best: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], float] = {}
     for _ in range(args.rounds):
         for batch in batches:
             for mode in MODES:
-                rate = bench.run(mode, batch, args.steps)
+                rate, cpu_ms = bench.run(mode, batch, args.steps)
                 best[mode, batch] = max(best.get((mode, batch), 0.0), rate)
+                cpu[mode, batch] = min(cpu.get((mode, batch), float("inf")), cpu_ms)
     print(f"built-in model, {args.threads} thread(s), {args.steps} steps, best of {args.rounds}")
     print("| batch | " + " | ".join(f"{m} tok/s" for m in MODES) + " |")
     print("|---|" + "---|" * len(MODES))
@@ -132,6 +137,13 @@ def main() -> None:
         base = best["none", batch]
         rates = " | ".join(f"{best[m, batch]:.0f} ({best[m, batch] / base - 1:+.0%})" for m in MODES)
         print(f"| {batch} | {rates} |")
+    print("\nCPU time per token (all threads of the process; less sensitive to other load), ms:")
+    print("| batch | " + " | ".join(MODES) + " |")
+    print("|---|" + "---|" * len(MODES))
+    for batch in batches:
+        base = cpu["none", batch]
+        cells = " | ".join(f"{cpu[m, batch]:.2f} ({cpu[m, batch] / base - 1:+.0%})" for m in MODES)
+        print(f"| {batch} | {cells} |")
 
 
 if __name__ == "__main__":
