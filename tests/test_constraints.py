@@ -307,3 +307,19 @@ def test_constraint_without_plan_keeps_the_old_contract() -> None:
     constraint = fmt.constraint_for(fmt_request())
     assert isinstance(constraint, HarmonyHeaderConstraint)
     assert constraint.allowed_token_ids() is not None
+
+
+def test_non_strict_parameters_that_do_not_compile_fall_back_to_any_object(tokenizer: llguidance.LLTokenizer) -> None:
+    """Non-strict means best effort: a function whose schema llguidance cannot compile (an unresolvable
+    $ref) still gets JSON-object arguments instead of a 400; strict ones are refused."""
+    loose = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"$ref": "#/x"}}}}
+    plan = _plan([loose], tool_choice="required")
+    check_plan(plan, tokenizer)
+    fmt = HarmonyFormat()
+    constraint = fmt.constraint_for(fmt_request(), plan)
+    tokens = _walk(constraint, np.random.default_rng(1))
+    body = fmt.encoding.decode(tokens).rsplit("<|message|>", 1)[-1].removesuffix("<|call|>")
+    assert tokens[-1] == 200012 and isinstance(json.loads(body), dict)
+    with pytest.raises(InvalidRequest) as info:
+        check_plan(_plan([{**loose, "strict": True}]), tokenizer)
+    assert info.value.param == "tools[0].parameters"

@@ -13,7 +13,13 @@ from typing import Any
 
 import llguidance
 
-from service.constraints.compiler import DEFAULT_MAX_GRAMMAR_BYTES, GrammarError, GrammarSpec, compile_grammar
+from service.constraints.compiler import (
+    DEFAULT_MAX_GRAMMAR_BYTES,
+    CompiledGrammar,
+    GrammarError,
+    GrammarSpec,
+    compile_grammar,
+)
 from service.errors import InvalidRequest
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -26,6 +32,8 @@ class CallTarget:
     custom: bool  # a custom tool: free-text or grammar input (no `<|constrain|>json`)
     grammar: GrammarSpec | None  # the body's grammar; None = free text
     param: str  # where the grammar came from, for errors (e.g. "tools[0].parameters")
+    # Non-strict function parameters are followed as far as they compile; otherwise any JSON object.
+    fallback: GrammarSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,9 @@ def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
         return CallTarget(tool["name"], True, grammar, f"tools[{index}].format.definition")
     strict = bool(tool.get("strict"))
     params = tool.get("parameters") or (_NO_ARGUMENTS if strict else _ANY_OBJECT)
-    return CallTarget(tool["name"], False, GrammarSpec.json_schema(params, strict=strict), f"tools[{index}].parameters")
+    grammar = GrammarSpec.json_schema(params, strict=strict)
+    fallback = None if strict else GrammarSpec.json_schema(_ANY_OBJECT, strict=False)
+    return CallTarget(tool["name"], False, grammar, f"tools[{index}].parameters", fallback)
 
 
 def plan_from_spec(tools: list[dict[str, Any]], spec: dict[str, Any] | None) -> DecodingPlan:
@@ -96,17 +106,32 @@ def plan_from_spec(tools: list[dict[str, Any]], spec: dict[str, Any] | None) -> 
     return DecodingPlan(tuple(targets), final, final_grammar, "text.format.schema", spec.get("reasoning_budget"))
 
 
+def compile_target(target: CallTarget, tokenizer: llguidance.LLTokenizer) -> CompiledGrammar | None:
+    """The grammar a call's body follows (its fallback when the non-strict schema does not compile)."""
+    if target.grammar is None:
+        return None
+    try:
+        return compile_grammar(target.grammar, tokenizer, max_bytes=1 << 62)  # size checked at create
+    except GrammarError:
+        if target.fallback is None:
+            raise
+        return compile_grammar(target.fallback, tokenizer)
+
+
 def check_plan(
     plan: DecodingPlan, tokenizer: llguidance.LLTokenizer, *, max_bytes: int = DEFAULT_MAX_GRAMMAR_BYTES
 ) -> None:
     """Compile every grammar of the plan (cached); a bad one is a 400 naming where it came from."""
-    grammars = [(plan.final_grammar, plan.final_param)] + [(c.grammar, c.param) for c in plan.calls]
-    for grammar, param in grammars:
+    grammars = [(plan.final_grammar, plan.final_param, None)] + [(c.grammar, c.param, c.fallback) for c in plan.calls]
+    for grammar, param, fallback in grammars:
         if grammar is None:
             continue
         try:
             compile_grammar(grammar, tokenizer, max_bytes=max_bytes)
         except GrammarError as exc:
+            if fallback is not None:
+                compile_grammar(fallback, tokenizer)
+                continue
             code = "grammar_too_large" if "at most" in str(exc) and "bytes" in str(exc) else "invalid_grammar"
             if param.endswith("schema") or param.endswith("parameters"):
                 code = "invalid_json_schema" if code == "invalid_grammar" else code

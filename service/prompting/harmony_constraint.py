@@ -37,7 +37,7 @@ from openai_harmony import HarmonyEncoding
 
 from service.constraints.compiler import compile_grammar
 from service.constraints.matcher import GrammarMatcher
-from service.constraints.plan import CallTarget, DecodingPlan
+from service.constraints.plan import CallTarget, DecodingPlan, compile_target
 from service.engine.base import AllowedTokens, TokenBitmask
 
 # Body kinds select the terminator set.
@@ -251,17 +251,12 @@ class HarmonyHeaderConstraint:
             self._free_tokens += 1
 
     def _new_matcher(self, body: str, call: str | None) -> GrammarMatcher | None:
-        if body == _FINAL:
-            grammar = self._plan.final_grammar
-            terminators: tuple[int, ...] = (self._vocab.ret,)
-        elif body == _CALL and call is not None:
-            target = self._targets.get(call)
-            grammar = target.grammar if target is not None else None
-            terminators = (self._vocab.call,)
-        else:
+        if self._tokenizer is None:
             return None
-        if grammar is None or self._tokenizer is None:
-            return None
-        # Checked against the size limit when the request was created; cached by content hash since.
-        compiled = compile_grammar(grammar, self._tokenizer, max_bytes=1 << 62)
-        return GrammarMatcher(self._tokenizer, compiled, terminators)
+        if body == _FINAL and self._plan.final_grammar is not None:
+            # Checked against the size limit when the request was created; cached by content hash since.
+            grammar = compile_grammar(self._plan.final_grammar, self._tokenizer, max_bytes=1 << 62)
+            return GrammarMatcher(self._tokenizer, grammar, (self._vocab.ret,))
+        target = self._targets.get(call) if body == _CALL and call is not None else None
+        compiled = compile_target(target, self._tokenizer) if target is not None else None
+        return GrammarMatcher(self._tokenizer, compiled, (self._vocab.call,)) if compiled is not None else None
