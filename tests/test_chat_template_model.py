@@ -77,8 +77,9 @@ def test_chat_template_model_serves_plain_and_streaming(
 def test_chat_template_model_structured_output(
     chat_model_dir: Path, database_url: str, server_factory: Callable[..., ServerProcess]
 ) -> None:
-    """The whole completion of a chat-template model is the answer: text.format constrains all of it.
-    Forced, custom and strict tool calls need the template's call syntax parsed: a clear 400 for now."""
+    """text.format constrains a chat-template model's whole completion; forced and strict calls are
+    written in the template's `<tool_call>` syntax and parsed into function_call items; custom tools
+    (raw input) are a 400 for these models."""
     import jsonschema
     import openai
 
@@ -95,10 +96,28 @@ def test_chat_template_model_structured_output(
         response = client.responses.create(input="Answer", text=text, max_output_tokens=60, extra_body={"seed": seed})
         assert response.status == "completed"
         jsonschema.validate(json.loads(response.output_text), schema)
-    tool: Any = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
-    with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(input="x", tools=[tool], tool_choice="required", max_output_tokens=5)
-    assert isinstance(info.value.body, dict) and info.value.body["param"] == "tool_choice"
+    params = {
+        "type": "object",
+        "properties": {"city": {"enum": ["paris", "rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools: Any = [
+        {"type": "function", "name": "weather", "strict": True, "parameters": params},
+        {
+            "type": "function",
+            "name": "other",
+            "strict": True,
+            "parameters": {**params, "properties": {}, "required": []},
+        },
+    ]
+    for choice in ("required", {"type": "function", "name": "weather"}):
+        forced = client.responses.create(input="x", tools=tools, tool_choice=choice, max_output_tokens=150).model_dump()
+        assert forced["status"] == "completed", forced["output"]
+        calls = [item for item in forced["output"] if item["type"] == "function_call"]
+        assert len(calls) == 1 and calls[0]["name"] in ({"weather", "other"} if choice == "required" else {"weather"})
+        if calls[0]["name"] == "weather":
+            jsonschema.validate(json.loads(calls[0]["arguments"]), params)
     custom: Any = {"type": "custom", "name": "c"}
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(input="x", tools=[custom], max_output_tokens=5)

@@ -11,11 +11,11 @@ from typing import Any
 
 import llguidance
 
-from service.constraints.compiler import compile_grammar
+from service.constraints.compiler import GrammarError, compile_grammar
 from service.constraints.matcher import GrammarMatcher
 from service.constraints.plan import DecodingPlan
 from service.constraints.tokenizer import hf_tokenizer
-from service.engine.base import LogitsConstraint, TokenBitmask
+from service.engine.base import LogitsConstraint
 from service.prompting.base import (
     ConversationItem,
     ItemDelta,
@@ -23,6 +23,12 @@ from service.prompting.base import (
     ItemStarted,
     OutputChunk,
     PromptRequest,
+)
+from service.prompting.chat_template_tools import (
+    CALL_OPEN,
+    CompletionConstraint,
+    ToolCallTextParser,
+    completion_grammar,
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -204,24 +210,28 @@ class PlainTextParser:
         return self._close() if self._state == "open" else []
 
 
-class AnswerConstraint:
-    """LogitsConstraint for a chat-template completion whose whole text must match a grammar
-    (text.format): the matcher's bitmask at every step; once the value is complete only a stop
-    token may follow. Pure function of the tokens fed, like every constraint."""
+class CallParsingTextParser:
+    """OutputParser for templates that write calls as `<tool_call>` JSON: text becomes a message
+    item, each call a function_call item (see chat_template_tools.ToolCallTextParser)."""
 
-    def __init__(self, matcher: GrammarMatcher, stop_ids: frozenset[int]) -> None:
-        self._matcher = matcher
+    def __init__(self, tokenizer: Any, stop_ids: frozenset[int]) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer)
         self._stop = stop_ids
-        self._done = False
+        self._calls = ToolCallTextParser()
+        self._closed = False
 
-    def allowed_token_ids(self) -> TokenBitmask | None:
-        return None if self._done else TokenBitmask(self._matcher.bitmask())
-
-    def accept(self, token_id: int) -> None:
+    def feed(self, token_id: int) -> list[OutputChunk]:
+        if self._closed:
+            return []
         if token_id in self._stop:
-            self._done = True
-        elif not self._done:
-            self._matcher.accept(token_id)
+            return self.finish()
+        return self._calls.feed(self._detok.push(token_id))
+
+    def finish(self) -> list[OutputChunk]:
+        if self._closed:
+            return []
+        self._closed = True
+        return self._calls.feed(self._detok.flush()) + self._calls.finish()
 
 
 class ChatTemplateFormat:
@@ -239,6 +249,8 @@ class ChatTemplateFormat:
         # Templates that never mention these render tool turns badly or raise: fall back to text.
         self._structured_tools = "tool_calls" in source
         self._tools_in_template = "tools" in source.replace("tool_calls", "")
+        # Qwen-style templates write calls as <tool_call> JSON: parse them, and constrain them.
+        self._call_syntax = CALL_OPEN in source
         self._stop = frozenset(self._eos_ids() | {int(i) for i in extra_stop_ids})
         if not self._stop:
             raise ValueError(f"no eos token for the tokenizer in {self.model_dir}: generation could never stop")
@@ -254,28 +266,46 @@ class ChatTemplateFormat:
         return ids
 
     def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> LogitsConstraint | None:
-        """With text.format a grammar, the whole completion is the answer (see AnswerConstraint);
-        otherwise the output is free text. Plans this format cannot enforce are refused earlier
-        (refuse_plan)."""
-        if plan is None or plan.final_grammar is None:
+        """The whole completion constrained by what the plan asks (calls in the template's `<tool_call>`
+        syntax, the answer's text.format), or None for free text. Plans this format cannot enforce
+        are refused when the request is created (refuse_plan)."""
+        if plan is None:
             return None
         tokenizer = self.grammar_tokenizer()
-        grammar = compile_grammar(plan.final_grammar, tokenizer, max_bytes=1 << 62)  # checked at create
-        return AnswerConstraint(GrammarMatcher(tokenizer, grammar, tuple(sorted(self._stop))), self._stop)
+        spec = completion_grammar(plan, tokenizer) if self._call_syntax else plan.final_grammar
+        if spec is None:
+            return None
+        grammar = compile_grammar(spec, tokenizer, max_bytes=1 << 62)  # checked when the request was created
+        return CompletionConstraint(GrammarMatcher(tokenizer, grammar, tuple(sorted(self._stop))), self._stop)
 
     def grammar_tokenizer(self) -> llguidance.LLTokenizer:
         """The llguidance tokenizer of this model's tokenizer.json (built once)."""
         return hf_tokenizer(self.model_dir, min(self._stop))
 
     def refuse_plan(self, plan: DecodingPlan) -> tuple[str, str] | None:
-        """(message, param) when the plan needs what this format cannot enforce yet: its tool-call
-        syntax is not parsed into calls, so no call can be forced, restricted to a grammar or strict."""
-        if not plan.final:
-            return ("This model uses a chat template: a forced tool_choice needs a Harmony model.", "tool_choice")
+        """(message, param) when the plan needs what this format cannot enforce: custom tools (no
+        call syntax for raw input), and forced or strict calls when the template has no
+        `<tool_call>` syntax."""
         for index, call in enumerate(plan.calls):
-            if call.custom or (call.grammar is not None and call.grammar.strict):
+            if call.custom:
                 return (
-                    f"This model uses a chat template: tool '{call.name}' (custom or strict) needs a Harmony model.",
+                    f"This model uses a chat template: custom tool '{call.name}' needs a Harmony model.",
+                    f"tools[{index}]",
+                )
+        if self._call_syntax:
+            spec = completion_grammar(plan, self.grammar_tokenizer())
+            if spec is not None:
+                try:
+                    compile_grammar(spec, self.grammar_tokenizer(), max_bytes=1 << 62)
+                except GrammarError as exc:
+                    return (f"The tools cannot be constrained for this model: {exc}", "tools")
+            return None
+        if not plan.final:
+            return ("This model's chat template has no tool-call syntax to force a call in.", "tool_choice")
+        for index, call in enumerate(plan.calls):
+            if call.grammar is not None and call.grammar.strict:
+                return (
+                    f"This model's chat template has no tool-call syntax for strict tool '{call.name}'.",
                     f"tools[{index}]",
                 )
         return None
@@ -297,7 +327,9 @@ class ChatTemplateFormat:
     def stop_token_ids(self) -> frozenset[int]:
         return self._stop
 
-    def new_parser(self) -> PlainTextParser:
+    def new_parser(self) -> PlainTextParser | CallParsingTextParser:
+        if self._call_syntax:
+            return CallParsingTextParser(self.tokenizer, self._stop)
         return PlainTextParser(self.tokenizer, self._stop)
 
     def new_constraint(self) -> LogitsConstraint | None:
