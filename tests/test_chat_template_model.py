@@ -111,7 +111,8 @@ def test_chat_template_model_structured_output(
             "parameters": {**params, "properties": {}, "required": []},
         },
     ]
-    for choice in ("required", {"type": "function", "name": "weather"}):
+    choices: list[Any] = ["required", {"type": "function", "name": "weather"}]
+    for choice in choices:
         forced = client.responses.create(input="x", tools=tools, tool_choice=choice, max_output_tokens=150).model_dump()
         assert forced["status"] == "completed", forced["output"]
         calls = [item for item in forced["output"] if item["type"] == "function_call"]
