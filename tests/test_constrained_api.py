@@ -123,6 +123,15 @@ def test_strict_json_schema_streamed_and_stored(database_url: str, server_factor
     )
     assert plain.status == "completed"
     assert isinstance(json.loads(plain.output_text), dict)
+    # Penalties: deterministic per seed, and they change what is drawn.
+    penalised = [
+        client.responses.create(
+            input="repeat", max_output_tokens=40, extra_body={"seed": 8, "frequency_penalty": 2, "presence_penalty": 2}
+        ).output_text
+        for _ in range(2)
+    ]
+    unpenalised = client.responses.create(input="repeat", max_output_tokens=40, extra_body={"seed": 8}).output_text
+    assert penalised[0] == penalised[1] != unpenalised
 
 
 def test_tool_choice_forces_only_permitted_calls(database_url: str, server_factory: ServerFactory) -> None:
