@@ -107,6 +107,8 @@ def test_strict_json_schema_streamed_and_stored(database_url: str, server_factor
         assert_well_formed_stream(events)
         streamed = events[-1]["response"]
         assert streamed["status"] == "completed", streamed.get("incomplete_details")
+        # The reasoning budget (6 tokens here) closed the analysis and opened the answer.
+        assert streamed["usage"]["output_tokens_details"]["reasoning_tokens"] <= 6 + 1  # + its <|end|>
         messages = [item for item in streamed["output"] if item["type"] == "message"]
         assert len(messages) == 1, "a structured answer is the only message"
         answer = json.loads(messages[0]["content"][0]["text"])
@@ -220,18 +222,18 @@ def test_custom_tool_call_and_its_output_next_turn(database_url: str, server_fac
     _check_call(weather)
 
 
-def test_constrained_run_resumes_after_kill_9(database_url: str, server_factory: ServerFactory) -> None:
-    env = {"SERVICE_REASONING_TOKENS_MEDIUM": "60"}
+@pytest.mark.parametrize("kind", ["json_schema", "custom_lark"])
+def test_constrained_run_resumes_after_kill_9(database_url: str, server_factory: ServerFactory, kind: str) -> None:
+    env = {"SERVICE_REASONING_TOKENS_MEDIUM": "150"}  # a long enough run to be killed in the middle
     server = server_factory(database_url, **env).start()
     client = client_for(server.url)
-    request: dict[str, Any] = {
-        "input": "a person, after some thought",
-        "text": PERSON_FORMAT,
-        "max_output_tokens": 200,
-        "extra_body": {"seed": 77},
-    }
-    reference = client.responses.create(**request)
-    assert reference.status == "completed"
+    request: dict[str, Any] = {"input": "think, then answer", "max_output_tokens": 300, "extra_body": {"seed": 77}}
+    if kind == "json_schema":
+        request["text"] = PERSON_FORMAT
+    else:
+        request |= {"tools": TOOLS, "tool_choice": {"type": "custom", "name": "calc"}}
+    reference = client.responses.create(**request).model_dump()
+    assert reference["status"] == "completed"
     stream = client.responses.create(**request, background=True, stream=True)
     seen = []
     for event in stream:
@@ -248,12 +250,19 @@ def test_constrained_run_resumes_after_kill_9(database_url: str, server_factory:
     ]
     whole = seen + rest
     assert_well_formed_stream(whole)
-    final = client.responses.retrieve(response_id)
-    assert final.status == "completed"
-    assert final.output_text == reference.output_text, "the resumed run draws the uninterrupted run's tokens"
-    jsonschema.validate(json.loads(final.output_text), PERSON)
-    assert final.usage is not None and reference.usage is not None
-    assert final.usage.output_tokens == reference.usage.output_tokens
+    final = client.responses.retrieve(response_id).model_dump()
+    assert final["status"] == "completed"
+
+    def content(response: dict[str, Any]) -> list[Any]:
+        return [(i["type"], i.get("content"), i.get("input"), i.get("name")) for i in response["output"]]
+
+    assert content(final) == content(reference), "the resumed run draws the uninterrupted run's tokens"
+    if kind == "json_schema":
+        jsonschema.validate(json.loads(final["output"][-1]["content"][0]["text"]), PERSON)
+    else:
+        (call,) = _calls(final)
+        _check_call(call)
+    assert final["usage"]["output_tokens"] == reference["usage"]["output_tokens"]
     claims = _query(database_url, f"SELECT claims FROM runs WHERE response_id = '{response_id}'")
     assert claims[0][0] >= 2, "the run was claimed again after the crash"
 
