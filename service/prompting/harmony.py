@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -196,6 +197,9 @@ class HarmonyFormat:
         self._start_date = conversation_start_date  # fixed string or None: prompts stay deterministic
         self._knowledge_cutoff = knowledge_cutoff
         self._stop = frozenset(self.encoding.stop_tokens_for_assistant_actions())
+        # The grammar tokenizer takes about a second to build: start now, in the background, so the
+        # first constrained request (or a resume replaying one) does not wait for all of it.
+        threading.Thread(target=harmony_tokenizer, args=(self.encoding,), name="grammar-tokenizer", daemon=True).start()
 
     def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> HarmonyHeaderConstraint:
         """A fresh constraint for one completion of `request`: with a plan, what it allows (tool_choice,
