@@ -323,3 +323,12 @@ def test_non_strict_parameters_that_do_not_compile_fall_back_to_any_object(token
     with pytest.raises(InvalidRequest) as info:
         check_plan(_plan([{**loose, "strict": True}]), tokenizer)
     assert info.value.param == "tools[0].parameters"
+
+
+def test_hostile_nesting_is_a_grammar_error_not_a_crash(tokenizer: llguidance.LLTokenizer) -> None:
+    leaf: dict[str, Any] = {"type": "string"}
+    for _ in range(3000):
+        leaf = {"type": "object", "properties": {"a": leaf}}
+    with pytest.raises(GrammarError, match="nested too deeply"):
+        compile_grammar(GrammarSpec.json_schema(leaf, strict=False), tokenizer, max_bytes=1 << 30)
+    assert unproductive_start("start: " + "(" * 5000 + '"a"' + ")" * 5000) is None  # too deep to judge: no verdict

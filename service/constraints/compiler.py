@@ -26,6 +26,7 @@ GrammarKind = Literal["json_schema", "lark", "regex"]
 DEFAULT_MAX_GRAMMAR_BYTES = 64 * 1024
 CACHE_SIZE = 256
 _JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no whitespace loops, ends at once
+_TOO_DEEP = ""  # the source of a schema nested too deeply to serialise
 
 
 class GrammarError(ValueError):
@@ -40,7 +41,11 @@ class GrammarSpec:
 
     @staticmethod
     def json_schema(schema: Any, *, strict: bool) -> GrammarSpec:
-        return GrammarSpec("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")), strict)
+        try:
+            source = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        except RecursionError:
+            source = _TOO_DEEP  # refused by compile_grammar with a clear message
+        return GrammarSpec("json_schema", source, strict)
 
     def key(self) -> str:
         digest = hashlib.sha256(f"{self.kind}\0{int(self.strict)}\0{self.source}".encode())
@@ -85,6 +90,8 @@ def cache_info() -> int:
 
 def _compile(spec: GrammarSpec, tokenizer: llguidance.LLTokenizer) -> str:
     if spec.kind == "json_schema":
+        if spec.source == _TOO_DEEP:
+            raise GrammarError("The schema is nested too deeply.")
         try:
             schema = json.loads(spec.source)
         except json.JSONDecodeError as exc:

@@ -159,7 +159,7 @@ def unproductive_start(source: str) -> str | None:
     """'start' when the grammar's start rule can never finish; None when it can (or we cannot tell)."""
     try:
         rules = _rules(source)
-    except (_Unsupported, IndexError):
+    except (_Unsupported, IndexError, RecursionError):
         return None
     if "start" not in rules:
         return None
