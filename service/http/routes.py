@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from service.commands import Commands
-from service.errors import InvalidRequest, NotFound, PayloadTooLarge, ShuttingDown
+from service.errors import InvalidRequest, NotFound, PayloadTooLarge, ShuttingDown, StoreUnavailable
 from service.http.sse import sse_frame, tail_events
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
 from service.store import event_log, read_models
@@ -75,6 +75,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
             after=-1,
             poll_interval=state.settings.poll_interval_seconds,
             draining=state.draining,
+            outage_limit=state.settings.store_outage_seconds + 60,
         ):
             last = stored.payload()  # tail_events ends at the terminal event
         return last
@@ -118,11 +119,14 @@ def _stream(
                 after=after,
                 poll_interval=state.settings.poll_interval_seconds,
                 draining=state.draining,
+                outage_limit=state.settings.store_outage_seconds + 60,
             ):
                 yield sse_frame(stored)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
                 await commands.forget_unstored(response_id)
+        except StoreUnavailable:
+            return  # the store is gone for long: end the stream; the client resumes with starting_after
         finally:
             if cancel_on_disconnect and not finished:
                 # We may be inside a cancelled scope: record the cancel from a task of its own.
