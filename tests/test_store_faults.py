@@ -3,8 +3,11 @@ PostgreSQL (a TCP proxy in the test), during streaming foreground runs and backg
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -102,3 +105,68 @@ def _sdk(body: dict[str, Any]) -> dict[str, Any]:
     """REQUEST as keyword arguments of client.responses.create (seed is an extension)."""
     kwargs = {k: v for k, v in body.items() if k != "seed"}
     return {**kwargs, "extra_body": {"seed": body["seed"]}}
+
+
+class SQLiteLocker:
+    """Another process holding the SQLite file's write lock (`BEGIN EXCLUSIVE`), like a backup
+    or a person in `sqlite3` with an open transaction."""
+
+    def __init__(self, path: Path, seconds: float) -> None:
+        self.released = path.parent / f"released-{seconds}"
+        script = (
+            "import sqlite3, sys, time, pathlib\n"
+            f"c = sqlite3.connect({str(path)!r}, isolation_level=None, timeout=30)\n"
+            "c.execute('BEGIN EXCLUSIVE')\n"
+            "print('locked', flush=True)\n"
+            f"time.sleep({seconds})\n"
+            "c.execute('COMMIT')\n"
+            f"pathlib.Path({str(self.released)!r}).write_text('released')\n"
+        )
+        self.process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None and self.process.stdout.readline().strip() == "locked"
+
+    def wait(self) -> None:
+        self.process.wait(60)
+
+
+def test_sqlite_locked_by_another_process_is_waited_out(tmp_path: Path, server_factory: ServerFactory) -> None:
+    path = tmp_path / "locked.db"
+    server = server_factory(f"sqlite+aiosqlite:///{path}").start()
+    client = client_for(server.url)
+    reference_id = client.responses.create(**_sdk(REQUEST)).id
+    reference = raw_events(server.url, reference_id)
+    lockers: list[SQLiteLocker] = []
+    read_while_locked: list[bool] = []
+
+    def lock_and_read() -> None:
+        lockers.append(SQLiteLocker(path, 4.0))
+        # Readers never take the write lock: a GET answers while the other process still holds it.
+        assert client.responses.retrieve(reference_id).status == "incomplete"
+        read_while_locked.append(not lockers[0].released.exists())
+
+    streams = _run_streams(server.url, 3, lock_and_read)
+    lockers[0].wait()
+    assert read_while_locked == [True]
+    for events in streams:
+        assert_well_formed_stream(events)
+        assert text_from_deltas(events) == text_from_deltas(reference)
+        assert raw_events(server.url, events[0]["response"]["id"]) == events
+
+
+def test_sqlite_locked_for_long_fails_foreground_runs_and_background_runs_wait(
+    tmp_path: Path, server_factory: ServerFactory
+) -> None:
+    path = tmp_path / "locked.db"
+    server = server_factory(f"sqlite+aiosqlite:///{path}", SERVICE_STORE_OUTAGE_SECONDS="1.5").start()
+    client = client_for(server.url)
+    background = client.responses.create(**_sdk({**REQUEST, "max_output_tokens": 300}), background=True)
+    lockers: list[SQLiteLocker] = []
+    streams = _run_streams(server.url, 2, lambda: lockers.append(SQLiteLocker(path, 6.0)))
+    lockers[0].wait()
+    for events in streams:
+        assert_well_formed_stream(events)
+        assert events[-1]["type"] == "response.failed"
+        assert events[-1]["response"]["error"]["code"] == "store_unavailable"
+    finished = wait_until_terminal(client, background.id)
+    assert finished.status == "incomplete" and finished.usage is not None and finished.usage.output_tokens == 300
+    assert_well_formed_stream(raw_events(server.url, background.id))
