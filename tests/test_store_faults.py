@@ -51,8 +51,7 @@ def _run_streams(url: str, count: int, cut: Callable[[], None]) -> list[list[dic
     streams: list[list[dict[str, Any]]] = [[] for _ in range(count)]
     started = [threading.Event() for _ in range(count)]
     threads = [
-        threading.Thread(target=_stream, args=(url, REQUEST, streams[i], started[i]), daemon=True)
-        for i in range(count)
+        threading.Thread(target=_stream, args=(url, REQUEST, streams[i], started[i]), daemon=True) for i in range(count)
     ]
     for thread in threads:
         thread.start()

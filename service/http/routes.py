@@ -86,7 +86,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
     for task in (consumer, watcher):
         task.cancel()
     if watcher in done:
-        await commands.cancel_foreground(response_id)
+        await commands.cancel_foreground(response_id, forget=forget_at_end)
         return Response(status_code=499)
     terminal = consumer.result()
     if "response" not in terminal and state.draining.is_set():
@@ -130,7 +130,9 @@ def _stream(
         finally:
             if cancel_on_disconnect and not finished:
                 # We may be inside a cancelled scope: record the cancel from a task of its own.
-                task = asyncio.get_running_loop().create_task(commands.cancel_foreground(response_id))
+                task = asyncio.get_running_loop().create_task(
+                    commands.cancel_foreground(response_id, forget=forget_at_end)
+                )
                 state.background_tasks.add(task)
                 task.add_done_callback(state.background_tasks.discard)
 

@@ -132,10 +132,17 @@ async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
     return found
 
 
-async def request_cancel(engine: AsyncEngine, response_id: str) -> None:
+async def request_cancel(engine: AsyncEngine, response_id: str) -> bool:
+    """Log a cancel request for a run that is still going. Ordered against DELETE and the run's
+    own commits by the append lock, so a cancel racing a delete never leaves an orphan fact."""
     async with engine.begin() as connection:
+        await event_log.lock_for_append(connection)
+        run = await leases.get_run(connection, response_id)
+        if run is None or run.done:
+            return False
         await event_log.append_fact(connection, response_id, "cancel_requested", {})
         await leases.request_cancel(connection, response_id)
+        return True
 
 
 async def release(engine: AsyncEngine, owner: str, response_ids: Sequence[str]) -> None:
