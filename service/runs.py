@@ -28,6 +28,7 @@ from service.prompting.base import MalformedOutput
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.run_state import ActiveRun, prompt_request_from_fact, replay_run, stored
 from service.store import event_log, leases, recorder
+from service.store.db import checkpoint_when_idle
 from service.store.faults import backoff_seconds, is_transient
 from service.store.leases import ClaimedRun
 from service.store.recorder import RunWrite, StepOutcome
@@ -38,6 +39,8 @@ T = TypeVar("T")
 
 # Steps that may wait for a slow database before the engine waits too (bounds memory).
 MAX_BACKLOG_STEPS = 16
+# How often an idle worker truncates SQLite's WAL (see store.db.checkpoint_when_idle).
+CHECKPOINT_INTERVAL_SECONDS = 30.0
 
 
 class _GaveUp(Exception):
@@ -102,6 +105,7 @@ class RunSupervisor:
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
         next_claim = 0.0
+        next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_SECONDS
         while not self._stopping:
             try:
                 # Look for work when woken (new run, cancel) or every claim interval; not every step.
@@ -111,6 +115,9 @@ class RunSupervisor:
                     next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
                     await self._drain(wait=True)
+                    if time.monotonic() >= next_checkpoint:
+                        next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_SECONDS
+                        await checkpoint_when_idle(self.db)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.claim_interval_seconds)
                     continue

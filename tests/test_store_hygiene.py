@@ -120,3 +120,27 @@ def test_doctor_finds_a_gap_and_an_orphan(database_url: str, server_factory: Ser
     assert f"{first.id}: sequence numbers are not" in broken.stdout
     assert "resp_orphan: orphan rows in run_facts" in broken.stdout
     assert second.id not in broken.stdout
+
+
+async def test_an_idle_checkpoint_truncates_the_sqlite_wal(tmp_path: Any) -> None:
+    from service.store.db import checkpoint_when_idle, migrate
+
+    path = tmp_path / "wal.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    await migrate(url)
+    db = create_engine(url)
+    try:
+        async with db.begin() as connection:
+            rows = [{"data": "x" * 500, "now": datetime.now(UTC)} for _ in range(2000)]
+            await connection.execute(
+                sa.text("INSERT INTO run_facts (response_id, kind, data, created_at) VALUES ('r', 'k', :data, :now)"),
+                rows,
+            )
+        wal = path.with_name(path.name + "-wal")
+        assert wal.stat().st_size > 100_000
+        await checkpoint_when_idle(db)
+        assert wal.stat().st_size == 0
+        async with db.connect() as connection:
+            assert await connection.scalar(sa.text("SELECT count(*) FROM run_facts")) == 2000
+    finally:
+        await db.dispose()

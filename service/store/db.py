@@ -45,6 +45,8 @@ def create_engine(url: str, *, busy_timeout: float = 30.0) -> AsyncEngine:
             if str(cursor.fetchone()[0]).lower() != "wal":
                 _switch_to_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
+            # A checkpoint truncates the WAL file back to this size (it never shrinks otherwise).
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
@@ -67,6 +69,19 @@ def create_engine(url: str, *, busy_timeout: float = 30.0) -> AsyncEngine:
 
 
 _WRITE_OPTION = "service_sqlite_write"
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+async def checkpoint_when_idle(engine: AsyncEngine) -> None:
+    """SQLite: copy the WAL into the database file and truncate it. SQLite's own automatic
+    checkpoints (every 1,000 pages) cannot finish while readers hold old snapshots under
+    constant load; the supervisor calls this when no run is active. No-op on PostgreSQL."""
+    if engine.dialect.name != "sqlite":
+        return
+    async with engine.connect() as connection:
+        # Outside any transaction: an open read transaction would pin the WAL.
+        raw = await connection.get_raw_connection()
+        await raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 class _SQLiteEngine(AsyncEngine):
