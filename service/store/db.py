@@ -81,7 +81,8 @@ async def checkpoint_when_idle(engine: AsyncEngine) -> None:
     async with engine.connect() as connection:
         # Outside any transaction: an open read transaction would pin the WAL.
         raw = await connection.get_raw_connection()
-        await raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        driver: Any = raw.driver_connection  # aiosqlite's connection
+        await driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 class _SQLiteEngine(AsyncEngine):
