@@ -3,8 +3,6 @@ PostgreSQL (a TCP proxy in the test), during streaming foreground runs and backg
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, text_from_deltas, wait_until_terminal
 from tests.conftest import _PG_SKIP_REASON, ServerProcess, create_postgres_database, drop_postgres_database
-from tests.fault_proxy import FaultProxy
+from tests.faults import FaultProxy, SQLiteLocker
 
 ServerFactory = Callable[..., ServerProcess]
 REQUEST = {"input": "Say something long", "max_output_tokens": 160, "temperature": 1.0, "seed": 11}
@@ -104,28 +102,6 @@ def _sdk(body: dict[str, Any]) -> dict[str, Any]:
     """REQUEST as keyword arguments of client.responses.create (seed is an extension)."""
     kwargs = {k: v for k, v in body.items() if k != "seed"}
     return {**kwargs, "extra_body": {"seed": body["seed"]}}
-
-
-class SQLiteLocker:
-    """Another process holding the SQLite file's write lock (`BEGIN EXCLUSIVE`), like a backup
-    or a person in `sqlite3` with an open transaction."""
-
-    def __init__(self, path: Path, seconds: float) -> None:
-        self.released = path.parent / f"released-{seconds}"
-        script = (
-            "import sqlite3, sys, time, pathlib\n"
-            f"c = sqlite3.connect({str(path)!r}, isolation_level=None, timeout=30)\n"
-            "c.execute('BEGIN EXCLUSIVE')\n"
-            "print('locked', flush=True)\n"
-            f"time.sleep({seconds})\n"
-            "c.execute('COMMIT')\n"
-            f"pathlib.Path({str(self.released)!r}).write_text('released')\n"
-        )
-        self.process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout is not None and self.process.stdout.readline().strip() == "locked"
-
-    def wait(self) -> None:
-        self.process.wait(60)
 
 
 def test_sqlite_locked_by_another_process_is_waited_out(tmp_path: Path, server_factory: ServerFactory) -> None:

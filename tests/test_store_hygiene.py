@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +16,8 @@ import sqlalchemy as sa
 
 from service.store.db import create_engine
 from tests.api_helpers import client_for, wait_until_terminal
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ServerProcess
+from tests.faults import doctor
 
 ServerFactory = Callable[..., ServerProcess]
 TABLES = ("events", "run_facts", "runs", "conversation_items")
@@ -45,13 +43,6 @@ def _rows_of(database_url: str, response_id: str) -> dict[str, int]:
     }
     counts["responses"] = _sql(database_url, "SELECT count(*) FROM responses WHERE id = :id", id=response_id)[0][0]
     return counts
-
-
-def doctor(database_url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SERVICE_DATABASE_URL": database_url}
-    return subprocess.run(
-        [sys.executable, "-m", "service", "doctor"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_store_false_is_gone_when_its_client_leaves(database_url: str, server_factory: ServerFactory) -> None:

@@ -1,19 +1,23 @@
-"""A TCP proxy that can cut every connection through it: a database outage on demand.
-
-It runs its own asyncio loop in a thread, so a test can cut the store while the server (a
-subprocess) and the test's own clients keep going."""
+"""Store faults on demand, for tests and the chaos script: a TCP proxy that cuts every connection
+to PostgreSQL, another process holding SQLite's write lock, and `python -m service doctor`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port
 
 
 class FaultProxy:
+    """A TCP proxy in its own thread and event loop: `cut(seconds)` is a network outage."""
+
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
@@ -83,3 +87,33 @@ class FaultProxy:
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._writers -= {writer, up_writer}
+
+
+class SQLiteLocker:
+    """Another process holding the SQLite file's write lock (`BEGIN EXCLUSIVE`), like a backup
+    or a person in `sqlite3` with an open transaction."""
+
+    def __init__(self, path: Path, seconds: float) -> None:
+        """Returns once the lock is held; it is released after `seconds`."""
+        self.released = path.parent / f"released-{time.monotonic_ns()}"
+        script = (
+            "import sqlite3, sys, time, pathlib\n"
+            f"c = sqlite3.connect({str(path)!r}, isolation_level=None, timeout=30)\n"
+            "c.execute('BEGIN EXCLUSIVE')\n"
+            "print('locked', flush=True)\n"
+            f"time.sleep({seconds})\n"
+            "c.execute('COMMIT')\n"
+            f"pathlib.Path({str(self.released)!r}).write_text('released')\n"
+        )
+        self.process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None and self.process.stdout.readline().strip() == "locked"
+
+    def wait(self) -> None:
+        self.process.wait(60)
+
+
+def doctor(database_url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SERVICE_DATABASE_URL": database_url}
+    return subprocess.run(
+        [sys.executable, "-m", "service", "doctor"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
