@@ -3,6 +3,7 @@ PostgreSQL (a TCP proxy in the test), during streaming foreground runs and backg
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, text_from_deltas, wait_until_terminal
 from tests.conftest import _PG_SKIP_REASON, ServerProcess, create_postgres_database, drop_postgres_database
-from tests.faults import FaultProxy, SQLiteLocker
+from tests.faults import FaultProxy, SQLiteLocker, doctor
 
 ServerFactory = Callable[..., ServerProcess]
 REQUEST = {"input": "Say something long", "max_output_tokens": 160, "temperature": 1.0, "seed": 11}
@@ -145,3 +146,56 @@ def test_sqlite_locked_for_long_fails_foreground_runs_and_background_runs_wait(
     finished = wait_until_terminal(client, background.id)
     assert finished.status == "incomplete" and finished.usage is not None and finished.usage.output_tokens == 300
     assert_well_formed_stream(raw_events(server.url, background.id))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs of its own, so the test can fill it (skips where mounting is not allowed)."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with filler.open("wb") as out:
+        chunk = b"\0" * (1 << 16)
+        try:
+            while True:
+                out.write(chunk)
+                out.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_disk_pauses_runs_until_space_returns(small_disk: Path, server_factory: ServerFactory) -> None:
+    url = f"sqlite+aiosqlite:///{small_disk / 'service.db'}"
+    server = server_factory(url, SERVICE_STORE_OUTAGE_SECONDS="120").start()
+    client = client_for(server.url)
+    reference = raw_events(server.url, client.responses.create(**_sdk(REQUEST)).id)
+    background = client.responses.create(**_sdk({**REQUEST, "max_output_tokens": 400}), background=True)
+    fillers: list[Path] = []
+
+    def fill_for_a_while() -> None:
+        fillers.append(_fill(small_disk))
+        threading.Timer(4.0, fillers[0].unlink).start()  # space returns
+
+    streams = _run_streams(server.url, 2, fill_for_a_while)
+    assert not fillers[0].exists()
+    for events in streams:
+        assert_well_formed_stream(events)
+        assert text_from_deltas(events) == text_from_deltas(reference)
+    finished = wait_until_terminal(client, background.id)
+    assert finished.status == "incomplete" and finished.usage is not None and finished.usage.output_tokens == 400
+    assert "store unavailable" in server.log_path.read_text()  # the disk really was full for a commit
+    result = doctor(url)
+    assert result.returncode == 0, result.stdout + result.stderr
