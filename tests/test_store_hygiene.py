@@ -71,13 +71,9 @@ def test_cancel_racing_delete_leaves_no_orphans(database_url: str, server_factor
     ids = [client.responses.create(input=f"race {i}", max_output_tokens=500, background=True).id for i in range(6)]
     threads = []
     for response_id in ids:
-        for path, method in (
-            (f"/v1/responses/{response_id}/cancel", "POST"),
-            (f"/v1/responses/{response_id}", "DELETE"),
-        ):
-            threads.append(
-                threading.Thread(target=httpx.request, args=(method, path), kwargs={"timeout": 60})
-            )
+        url = f"{server.url}/v1/responses/{response_id}"
+        for method, target in (("POST", url + "/cancel"), ("DELETE", url)):
+            threads.append(threading.Thread(target=httpx.request, args=(method, target), kwargs={"timeout": 60}))
     for thread in threads:
         thread.start()
     for thread in threads:
