@@ -104,7 +104,10 @@ def replay_run(
             generated += 1
     if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
         raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")
-    return ActiveRun(response_id, fact, builder, parser, project(logged), generated, pending=regenerated[len(logged) :])
+    pending = regenerated[len(logged) :]
+    # The projection includes what is about to be appended (a queued run's `response.in_progress`),
+    # so the row written with it says in_progress.
+    return ActiveRun(response_id, fact, builder, parser, project(logged + pending), generated, pending=pending)
 
 
 def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:
