@@ -13,6 +13,7 @@ from starlette.routing import Route
 from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown
 from service.http.body import json_body
+from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
 from service.store import event_log, read_models
@@ -125,10 +126,10 @@ def _stream(
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     commands = _commands(request)
+    stream, after, obfuscate = _flag(request, "stream"), _starting_after(request), _flag(request, "include_obfuscation")
     response = await commands.get(response_id)
-    if request.query_params.get("stream", "false").lower() != "true":
+    if not stream:
         return JSONResponse(response)
-    after = _starting_after(request)
     async with request.app.state.db.connect() as connection:
         last = await event_log.last_event(connection, response_id)
     last_number = -1 if last is None else last.sequence_number
@@ -138,7 +139,6 @@ async def retrieve_response(request: Request) -> Response:
             param="starting_after",
             code="invalid_starting_after",
         )
-    obfuscate = request.query_params.get("include_obfuscation", "false").lower() == "true"
     if last is not None and after == last_number and last.type in TERMINAL_EVENT_TYPES:
         # Nothing left to send: the stream ends at once.
         return StreamingResponse(_nothing(), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -148,6 +148,16 @@ async def retrieve_response(request: Request) -> Response:
 async def _nothing() -> AsyncIterator[bytes]:
     return
     yield b""
+
+
+def _flag(request: Request, name: str) -> bool:
+    """A boolean query parameter: 'true' or 'false' (absent = false), nothing else."""
+    values = request.query_params.getlist(name)
+    if not values:
+        return False
+    if len(values) > 1 or values[0] not in ("true", "false"):
+        raise InvalidRequest(f"{name} must be 'true' or 'false', got {values!r}.", param=name, code="invalid_value")
+    return values[0] == "true"
 
 
 def _starting_after(request: Request) -> int:
@@ -276,4 +286,5 @@ routes = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]

@@ -46,7 +46,7 @@ Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 class CreateResponseRequest(Strict):
     model: str | None = None
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -157,8 +157,6 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise _invalid_from_validation(exc) from None
     if request.background and not request.store:
         raise InvalidRequest("background=true requires store=true.", param="background")
-    if isinstance(request.input, list) and not request.input and request.previous_response_id is None:
-        raise InvalidRequest("input must not be empty.", param="input")
     if request.tool_choice not in ("auto", "none"):
         # Forcing a call would need the decoder constrained to it; we do not pretend to.
         raise InvalidRequest(
