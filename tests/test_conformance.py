@@ -201,3 +201,69 @@ def test_errors_have_openai_shape(http: httpx.Client) -> None:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"]
         open_responses.Error.model_validate({**error, "code": error["code"] or ""})
+
+
+def _sql(database_url: str, sql: str) -> list[tuple[Any, ...]]:
+    import asyncio
+
+    import sqlalchemy as sa
+
+    from service.store.db import create_engine
+
+    async def run() -> list[tuple[Any, ...]]:
+        db = create_engine(database_url)
+        try:
+            async with db.connect() as connection:
+                return [tuple(row) for row in await connection.execute(sa.text(sql))]
+        finally:
+            await db.dispose()
+
+    return asyncio.run(run())
+
+
+def test_default_output_budget_is_the_rest_of_the_context(http: httpx.Client, server: ServerProcess) -> None:
+    created = http.post("/v1/responses", json={"input": "hi", "background": True}).json()
+    assert created["max_output_tokens"] is None  # echoed as sent, like OpenAI
+    http.post(f"/v1/responses/{created['id']}/cancel")
+    (data,) = _sql(
+        server.database_url, f"SELECT data FROM run_facts WHERE response_id = '{created['id']}' AND kind = 'request'"
+    )[0]
+    fact = json.loads(data)
+    context = http.get("/v1/models").json()["data"][0]["info"]["decoder"]["max_position"]
+    assert fact["sampling"]["max_new_tokens"] == context - len(fact["prompt_token_ids"])
+
+
+def test_truncation_auto_drops_the_oldest_items(http: httpx.Client) -> None:
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "lorem ipsum dolor " * 40}
+        for i in range(40)
+    ]
+    body: dict[str, Any] = {"input": history, "max_output_tokens": 4}
+    refused = http.post("/v1/responses", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    assert "truncation" in refused.json()["error"]["message"]
+    accepted = http.post("/v1/responses", json={**body, "truncation": "auto"})
+    response = assert_response_conforms(accepted.text)
+    assert response["truncation"] == "auto"
+    assert 0 < response["usage"]["input_tokens"] < 4096
+    items = http.get(f"/v1/responses/{response['id']}/input_items", params={"limit": 100, "order": "asc"}).json()
+    assert len(items["data"]) == len(history)  # the input as sent stays listed
+
+
+def test_line_separators_are_escaped_in_sse(http: httpx.Client) -> None:
+    instructions = "one\u2028two\u2029three"
+    body = {"input": "x", "instructions": instructions, "max_output_tokens": 2, "stream": True}
+    with http.stream("POST", "/v1/responses", json=body) as stream:
+        raw = stream.read()
+    assert "\u2028".encode() not in raw and "\u2029".encode() not in raw
+    first = json.loads(raw.decode().split("data: ", 1)[1].split("\n", 1)[0])
+    assert first["response"]["instructions"] == instructions
+
+
+def test_replay_after_the_last_event_of_a_finished_response_is_empty(http: httpx.Client) -> None:
+    created = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 2}).json()
+    events = _stream(http, "GET", f"/v1/responses/{created['id']}", params={"stream": "true"})
+    last = events[-1]["sequence_number"]
+    assert (
+        _stream(http, "GET", f"/v1/responses/{created['id']}", params={"stream": "true", "starting_after": last}) == []
+    )

@@ -154,8 +154,7 @@ def _snapshot(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
         try:
             async with db.connect() as connection:
                 return {
-                    name: [tuple(row) for row in await connection.execute(sa.text(sql))]
-                    for name, sql in TABLES.items()
+                    name: [tuple(row) for row in await connection.execute(sa.text(sql))] for name, sql in TABLES.items()
                 }
         finally:
             await db.dispose()
@@ -259,9 +258,7 @@ def test_resuming_after_the_terminal_event_ends_at_once(
     server = server_factory(database_url).start()
     with httpx.Client(base_url=server.url, timeout=30) as http:
         created = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 3}).json()
-        events = [
-            line for line in http.get(f"/v1/responses/{created['id']}?stream=true").text.splitlines() if line
-        ]
+        events = [line for line in http.get(f"/v1/responses/{created['id']}?stream=true").text.splitlines() if line]
         last = max(int(line[len("id: ") :]) for line in events if line.startswith("id: "))
         params = {"stream": "true", **({"starting_after": str(last)} if via == "query" else {})}
         headers = {"Last-Event-ID": str(last)} if via == "header" else {}
