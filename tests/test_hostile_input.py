@@ -265,3 +265,26 @@ def test_resuming_after_the_terminal_event_ends_at_once(
         # A stream that never ended would raise ReadTimeout here.
         tail = http.get(f"/v1/responses/{created['id']}", params=params, headers=headers)
         assert tail.status_code == 200 and tail.text == ""
+
+
+async def test_an_unexpected_error_is_a_500_that_keeps_the_connection() -> None:
+    """A bug inside a handler answers OpenAI's error shape and is not re-raised to the server
+    (which would drop the keep-alive connection without a response)."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from service.app import UnexpectedErrorMiddleware
+
+    async def broken(_request: Request) -> Response:
+        raise RuntimeError("a bug")
+
+    app = Starlette(routes=[Route("/broken", broken)], middleware=[Middleware(UnexpectedErrorMiddleware)])
+    # raise_app_exceptions: an exception escaping the app would fail this request.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=True)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        reply = await client.get("/broken")
+    assert reply.status_code == 500
+    assert reply.json()["error"]["type"] == "server_error"
