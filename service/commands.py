@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
@@ -127,7 +128,13 @@ class Commands:
             prompt_request = PromptRequest(
                 items=items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
             )
-            prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
+            try:
+                prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
+            except (ValueError, jinja2.TemplateError) as exc:
+                # The model's prompt format cannot express this input (e.g. its chat template refuses it).
+                raise InvalidRequest(
+                    f"This model's prompt format cannot render the input: {exc}", param="input"
+                ) from None
             if len(prompt_ids) < context:
                 return prompt_request, prompt_ids
             if request.truncation != "auto" or len(items) <= 1:

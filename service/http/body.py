@@ -59,9 +59,7 @@ def _check_content_type(content_type: str | None) -> None:
     media = content_type.split(";", 1)[0].strip().lower()
     if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
         return
-    raise UnsupportedMediaType(
-        f"Unsupported Content-Type {media!r}: send the request body as application/json."
-    )
+    raise UnsupportedMediaType(f"Unsupported Content-Type {media!r}: send the request body as application/json.")
 
 
 def _depth(value: Any) -> int:

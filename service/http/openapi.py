@@ -107,9 +107,7 @@ def _paths() -> dict[str, Any]:
             ),
         },
         "/v1/responses/{response_id}/cancel": {
-            "post": _operation(
-                "cancelResponse", "Cancel a background response", response, parameters=[response_id]
-            )
+            "post": _operation("cancelResponse", "Cancel a background response", response, parameters=[response_id])
         },
         "/v1/responses/{response_id}/input_items": {
             "get": _operation(

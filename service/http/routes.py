@@ -191,10 +191,10 @@ async def delete_response(request: Request) -> Response:
 async def list_input_items(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     query = request.query_params
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit") from None
+    raw_limit = query.get("limit", "20")
+    if not (raw_limit.isascii() and raw_limit.isdigit()):
+        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
+    limit = int(raw_limit)
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
     order = query.get("order", "desc")
