@@ -20,13 +20,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.commands import Commands
 from service.config import Settings
-from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, Unauthorized
+from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable, Unauthorized
 from service.http.routes import routes
 from service.model_runtime import ModelRuntime
 from service.models import load_runtime
 from service.notify import Notifier
 from service.runs import RunSupervisor
 from service.store.db import create_engine, is_sqlite, migrate
+from service.store.faults import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await migrate(settings.database_url)
-        db = create_engine(settings.database_url)
+        db = create_engine(settings.database_url, busy_timeout=min(30.0, settings.store_outage_seconds))
         model = runtime or load_runtime(settings)
         notifier = Notifier()
         if not is_sqlite(settings.database_url):
@@ -124,9 +125,15 @@ class UnexpectedErrorMiddleware:
         except Exception as exc:
             if started:
                 raise  # a stream already under way: ending the connection is the only signal left
-            log.exception("unhandled error", exc_info=exc)
-            error = ServerError("The server had an error while processing your request.")
-            await JSONResponse(error.body(), status_code=500)(scope, receive, send)
+            if is_transient(exc):
+                log.warning("store unavailable: %s", exc)
+                unavailable = StoreUnavailable("The event store is unavailable; retry shortly.")
+                reply = JSONResponse(unavailable.body(), status_code=503, headers={"Retry-After": "1"})
+            else:
+                log.exception("unhandled error", exc_info=exc)
+                error = ServerError("The server had an error while processing your request.")
+                reply = JSONResponse(error.body(), status_code=500)
+            await reply(scope, receive, send)
 
 
 class ApiKeyMiddleware:

@@ -189,13 +189,27 @@ class Commands:
             await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
         return await self.get(response_id)
 
-    async def cancel_foreground(self, response_id: str) -> None:
-        """The client of a plain or streaming request went away: record the run as cancelled."""
+    async def cancel_foreground(self, response_id: str, *, forget: bool = False) -> None:
+        """The client of a plain or streaming request went away: record the run as cancelled.
+        `forget` (store=false): delete the response as soon as its run has ended."""
         async with self.db.connect() as connection:
             run = await leases.get_run(connection, response_id)
         if run is not None and not run.done:
             await recorder.request_cancel(self.db, response_id)
             self.supervisor.wake()
+        if forget:
+            await self._wait_until_done(response_id)
+            await self.forget_unstored(response_id)
+
+    async def _wait_until_done(self, response_id: str) -> None:
+        # The owner ends a cancelled run within a step; a dead owner's run ends when it is claimed.
+        deadline = time.monotonic() + self.settings.lease_seconds * 2 + 5
+        while time.monotonic() < deadline:
+            async with self.db.connect() as connection:
+                run = await leases.get_run(connection, response_id)
+            if run is None or run.done:
+                return
+            await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
 
     async def delete(self, response_id: str) -> None:
         if not is_response_id(response_id) or not await recorder.delete_response(self.db, response_id):

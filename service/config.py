@@ -27,6 +27,8 @@ class Settings(BaseModel):
     max_body_bytes: int = 4 * 1024 * 1024
     # A cap on output tokens when a request sets none; None = what remains of the context window.
     max_output_tokens_default: int | None = Field(default=None, ge=1)
+    # A store outage longer than this fails foreground runs (background runs wait it out).
+    store_outage_seconds: float = Field(default=30.0, gt=0)
     api_key: str | None = None
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 

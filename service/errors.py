@@ -71,3 +71,11 @@ class ShuttingDown(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="shutting_down")
+
+
+class StoreUnavailable(ApiError):
+    status_code = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="store_unavailable")

@@ -47,6 +47,7 @@ class ActiveRun:
     generated: int
     pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
     cancel_requested: bool = False
+    token_facts: int = 0  # `tokens` facts logged or queued for this run
 
     @property
     def prompt_tokens(self) -> int:
@@ -54,7 +55,12 @@ class ActiveRun:
 
     def write(self) -> RunWrite:
         pending, self.pending = self.pending, []
-        return RunWrite(self.response_id, events=pending, output_ordinal_base=self.fact["input_item_count"])
+        return RunWrite(
+            self.response_id,
+            events=pending,
+            output_ordinal_base=self.fact["input_item_count"],
+            token_facts_before=self.token_facts,
+        )
 
     def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
         write.events += new_events
@@ -107,7 +113,16 @@ def replay_run(
     pending = regenerated[len(logged) :]
     # The projection includes what is about to be appended (a queued run's `response.in_progress`),
     # so the row written with it says in_progress.
-    return ActiveRun(response_id, fact, builder, parser, project(logged + pending), generated, pending=pending)
+    return ActiveRun(
+        response_id,
+        fact,
+        builder,
+        parser,
+        project(logged + pending),
+        generated,
+        pending=pending,
+        token_facts=len(token_facts),
+    )
 
 
 def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:

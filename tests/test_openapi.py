@@ -51,7 +51,7 @@ def test_document_covers_every_route_and_every_openai_parameter(server: ServerPr
     assert accepted == set(CreateResponseRequest.model_fields)
 
 
-def test_schemathesis_finds_no_5xx_and_only_openai_errors(server: ServerProcess) -> None:
+def test_schemathesis_finds_no_5xx_and_only_openai_errors(server: ServerProcess, tmp_path: Path) -> None:
     """Every phase (examples, coverage, fuzzing, stateful), positive and negative data, a fixed seed."""
     checks = [
         "not_a_server_error",
@@ -77,8 +77,8 @@ def test_schemathesis_finds_no_5xx_and_only_openai_errors(server: ServerProcess)
             "1",
             "--no-color",
         ],
-        cwd=ROOT,
-        env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks"},
+        cwd=tmp_path,  # schemathesis leaves a .schemathesis/ folder where it runs
+        env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=900,

@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from service.commands import Commands
-from service.errors import InvalidRequest, NotFound, ShuttingDown
+from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
 from service.http.body import json_body
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
@@ -59,6 +59,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
             after=-1,
             poll_interval=state.settings.poll_interval_seconds,
             draining=state.draining,
+            outage_limit=state.settings.store_outage_seconds + 60,
         ):
             last = stored.payload()  # tail_events ends at the terminal event
         return last
@@ -69,7 +70,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
     for task in (consumer, watcher):
         task.cancel()
     if watcher in done:
-        await commands.cancel_foreground(response_id)
+        await commands.cancel_foreground(response_id, forget=forget_at_end)
         return Response(status_code=499)
     terminal = consumer.result()
     if "response" not in terminal and state.draining.is_set():
@@ -108,15 +109,20 @@ def _stream(
                 after=after,
                 poll_interval=state.settings.poll_interval_seconds,
                 draining=state.draining,
+                outage_limit=state.settings.store_outage_seconds + 60,
             ):
                 yield sse_frame(stored, obfuscate=obfuscate)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
                 await commands.forget_unstored(response_id)
+        except StoreUnavailable:
+            return  # the store is gone for long: end the stream; the client resumes with starting_after
         finally:
             if cancel_on_disconnect and not finished:
                 # We may be inside a cancelled scope: record the cancel from a task of its own.
-                task = asyncio.get_running_loop().create_task(commands.cancel_foreground(response_id))
+                task = asyncio.get_running_loop().create_task(
+                    commands.cancel_foreground(response_id, forget=forget_at_end)
+                )
                 state.background_tasks.add(task)
                 task.add_done_callback(state.background_tasks.discard)
 
