@@ -133,6 +133,7 @@ class ResponseObject(BaseModel):
     completed_at: int | None
     status: Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
     background: bool
+    conversation: None
     error: ResponseError | None
     incomplete_details: IncompleteDetails | None
     instructions: str | None
@@ -143,6 +144,7 @@ class ResponseObject(BaseModel):
     output: list[OutputItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
+    prompt: None
     prompt_cache_key: str | None
     prompt_cache_retention: Literal["in_memory", "24h"] | None
     reasoning: Reasoning | None

@@ -18,6 +18,7 @@ def initial_response(
         "created_at": created_at,
         "status": "queued" if request.background else "in_progress",
         "background": request.background,
+        "conversation": None,  # conversations are not supported (a request naming one is a 400)
         "error": None,
         "incomplete_details": None,
         "instructions": request.instructions,
@@ -28,6 +29,7 @@ def initial_response(
         "output": [],
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "prompt": None,  # stored prompt templates are not supported (a request naming one is a 400)
         "prompt_cache_key": request.prompt_cache_key,
         "prompt_cache_retention": request.prompt_cache_retention,
         "reasoning": {"effort": (request.reasoning.effort if request.reasoning else None), "summary": None},
