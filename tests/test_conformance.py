@@ -267,3 +267,28 @@ def test_replay_after_the_last_event_of_a_finished_response_is_empty(http: httpx
     assert (
         _stream(http, "GET", f"/v1/responses/{created['id']}", params={"stream": "true", "starting_after": last}) == []
     )
+
+
+def test_truncated_inputs_survive_a_projection_rebuild(tmp_path: Path, builtin_model_dir: Path) -> None:
+    """truncation='auto' renders fewer items than were sent; the rebuilt input items are still all of them."""
+    import asyncio
+
+    from service.store.rebuild import rebuild_projections
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
+    process = ServerProcess(url, tmp_path / "server.log").start()
+    history = [{"role": "user", "content": f"turn {i}: " + "lorem ipsum dolor " * 40} for i in range(40)]
+    try:
+        created = httpx.post(
+            process.url + "/v1/responses",
+            json={"input": history, "max_output_tokens": 3, "truncation": "auto"},
+            timeout=120,
+        )
+        assert created.status_code == 200, created.text
+    finally:
+        process.stop()
+    tables = "SELECT * FROM responses ORDER BY id", "SELECT * FROM conversation_items ORDER BY response_id, ordinal"
+    before = [_sql(url, sql) for sql in tables]
+    assert len(before[1]) == len(history) + len(created.json()["output"])
+    asyncio.run(rebuild_projections(url))
+    assert [_sql(url, sql) for sql in tables] == before
