@@ -137,14 +137,15 @@ class Commands:
                 ) from None
             if len(prompt_ids) < context:
                 return prompt_request, prompt_ids
-            if request.truncation != "auto" or len(items) <= 1:
+            shorter = _drop_oldest(items)
+            if request.truncation != "auto" or not shorter:
                 raise InvalidRequest(
                     f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}."
                     + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
                     param="input",
                     code="context_length_exceeded",
                 )
-            items = _drop_oldest(items)
+            items = shorter
 
     async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
         if not is_response_id(previous_response_id):
@@ -233,9 +234,9 @@ class Commands:
 
 def _drop_oldest(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Items without the oldest one; a function call's output never outlives its call."""
-    rest = items[1:]
-    if items[0].get("type") == "function_call":
-        rest = [item for item in rest if item.get("call_id") != items[0].get("call_id")] or rest[-1:]
+    oldest, rest = items[0], items[1:]
+    if oldest.get("type") == "function_call":
+        rest = [item for item in rest if item.get("call_id") != oldest.get("call_id")]
     return rest
 
 
