@@ -114,8 +114,11 @@ def test_stream_and_its_replay(http: httpx.Client) -> None:
     live = _stream(http, "POST", "/v1/responses", json=body)
     deltas = [event for event in live if event["type"].endswith(".delta")]
     assert deltas and all(isinstance(event.get("obfuscation"), str) for event in deltas)
-    replayed = _stream(http, "GET", f"/v1/responses/{live[0]['response']['id']}", params={"stream": "true"})
+    url = f"/v1/responses/{live[0]['response']['id']}"
+    replayed = _stream(http, "GET", url, params={"stream": "true"})
     assert [{k: v for k, v in e.items() if k != "obfuscation"} for e in live] == replayed
+    padded = _stream(http, "GET", url, params={"stream": "true", "include_obfuscation": "true"})
+    assert all(isinstance(e.get("obfuscation"), str) for e in padded if e["type"].endswith(".delta"))
 
 
 def test_background_reads_in_progress_then_finishes_with_usage(http: httpx.Client) -> None:
