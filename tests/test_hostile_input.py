@@ -145,6 +145,9 @@ CASES = [
         says="file",
     ),
     Case("a penalty out of range", 400, _json({"input": "x", "presence_penalty": 3}), param="presence_penalty"),
+    Case("stream=maybe on a read", 400, method="GET", path="/v1/responses/resp_x?stream=maybe", param="stream"),
+    Case("a negative starting_after", 400, method="GET", path="/v1/responses/resp_x?starting_after=-2"),
+    Case("a non-ASCII digit as a page size", 400, method="GET", path="/v1/responses/resp_x/input_items?limit=%D9%A5"),
 ]
 
 
