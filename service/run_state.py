@@ -110,14 +110,17 @@ def replay_run(
             generated += 1
     if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
         raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")
+    pending = regenerated[len(logged) :]
+    # The projection includes what is about to be appended (a queued run's `response.in_progress`),
+    # so the row written with it says in_progress.
     return ActiveRun(
         response_id,
         fact,
         builder,
         parser,
-        project(logged),
+        project(logged + pending),
         generated,
-        pending=regenerated[len(logged) :],
+        pending=pending,
         token_facts=len(token_facts),
     )
 

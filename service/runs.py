@@ -210,7 +210,9 @@ class RunSupervisor:
                 self.runtime.engine.add_sequence, rid, fact["prompt_token_ids"], params, constraint, tokens
             )
         except EngineError as exc:
-            await self._commit_alone(run, "failed", {"code": "context_length_exceeded", "message": str(exc)})
+            too_long = len(fact["prompt_token_ids"]) + len(tokens) >= self.runtime.engine.max_context
+            code = "context_length_exceeded" if too_long else "model_error"
+            await self._commit_alone(run, "failed", {"code": code, "message": str(exc)})
             return
         self.active[rid] = run
         if run.pending:

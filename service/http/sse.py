@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -65,5 +67,27 @@ async def tail_events(
         pushed = await notifier.wait(response_id, timeout=poll_interval)
 
 
-def sse_frame(stored: StoredEvent) -> bytes:
-    return f"event: {stored.type}\nid: {stored.sequence_number}\ndata: {stored.data}\n\n".encode()
+# Deltas OpenAI pads with an `obfuscation` field when a stream asks for it.
+_DELTA_TYPES = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+
+
+def sse_frame(stored: StoredEvent, *, obfuscate: bool = False) -> bytes:
+    data = stored.data
+    if obfuscate and stored.type in _DELTA_TYPES:
+        data = _with_obfuscation(data)
+    # U+2028/U+2029 are legal raw in JSON strings but some SSE clients split lines on them.
+    data = data.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return f"event: {stored.type}\nid: {stored.sequence_number}\ndata: {data}\n\n".encode()
+
+
+def _with_obfuscation(data: str) -> str:
+    """Random padding that hides the delta's length; sent, never logged (the log stays deterministic)."""
+    event = json.loads(data)
+    event["obfuscation"] = secrets.token_urlsafe(max(1, 16 - len(event.get("delta", "")) % 16))[:16]
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)

@@ -147,6 +147,17 @@ async def last_sequence_number(connection: AsyncConnection, response_id: str) ->
     return -1 if value is None else int(value)
 
 
+async def last_event(connection: AsyncConnection, response_id: str) -> StoredEvent | None:
+    query = (
+        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        .where(events.c.response_id == response_id)
+        .order_by(events.c.sequence_number.desc())
+        .limit(1)
+    )
+    row = (await connection.execute(query)).first()
+    return None if row is None else StoredEvent(*row)
+
+
 async def delete_log(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.delete(events).where(events.c.response_id == response_id))
     await connection.execute(sa.delete(run_facts).where(run_facts.c.response_id == response_id))
