@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("migrate", help="apply database migrations and exit")
     commands.add_parser("rebuild-projections", help="drop and rebuild the responses/conversation tables from the log")
+    commands.add_parser("doctor", help="check the log's invariants and the projections; exit 1 on any problem")
     inspect = commands.add_parser("inspect", help="print a response and its events as JSON")
     inspect.add_argument("response_id")
 
@@ -60,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         count = asyncio.run(rebuild_projections(settings.database_url))
         print(f"rebuilt {count} responses")
         return 0
+    if args.command == "doctor":
+        from service.store.doctor import check_database
+
+        report = asyncio.run(check_database(settings.database_url))
+        for problem in report.problems:
+            print(f"{problem.response_id}: {problem.what}")
+        verdict = "ok" if not report.problems else f"{len(report.problems)} problem(s)"
+        print(f"{verdict}: {report.responses} responses, {report.events} events checked")
+        return 1 if report.problems else 0
     if args.command == "inspect":
         from service.store.rebuild import inspect_response
 

@@ -15,7 +15,7 @@ from service.stream_builder import StreamBuilder
 def _builder() -> StreamBuilder:
     request = parse_create_request({"input": "hi"})
     return StreamBuilder(
-        initial_response(request, response_id="resp_test", model="m", created_at=1.0, max_output_tokens=10)
+        initial_response(request, response_id="resp_test", model="m", created_at=1, max_output_tokens=10)
     )
 
 
@@ -27,7 +27,7 @@ def _run(builder: StreamBuilder, ending: str = "stop") -> list[dict[str, Any]]:
         [ItemStarted("function_call", name="lookup"), ItemDelta('{"q":'), ItemDelta('"x"}'), ItemEnded()]
     )
     events += builder.feed([ItemStarted("message"), ItemDelta("Hel"), ItemDelta("lo")])
-    events += builder.finish(ending, input_tokens=5, output_tokens=9, completed_at=2.0)  # type: ignore[arg-type]
+    events += builder.finish(ending, input_tokens=5, output_tokens=9, completed_at=2)  # type: ignore[arg-type]
     return events
 
 
@@ -122,11 +122,11 @@ def test_calls_to_custom_tools_are_custom_tool_call_items() -> None:
     ]
     request = parse_create_request({"input": "hi", "tools": tools})
     builder = StreamBuilder(
-        initial_response(request, response_id="resp_c", model="m", created_at=1.0, max_output_tokens=10)
+        initial_response(request, response_id="resp_c", model="m", created_at=1, max_output_tokens=10)
     )
     events = builder.created() + builder.in_progress()
     events += builder.feed([ItemStarted("function_call", name="calc"), ItemDelta("4"), ItemDelta("2"), ItemEnded()])
-    events += builder.finish("stop", input_tokens=1, output_tokens=4, completed_at=2.0)
+    events += builder.finish("stop", input_tokens=1, output_tokens=4, completed_at=2)
     assert [e["type"] for e in events[2:]] == [
         "response.output_item.added",
         "response.custom_tool_call_input.delta",
