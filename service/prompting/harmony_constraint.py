@@ -28,6 +28,7 @@ the next header can only open the final channel or a permitted call.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ from service.constraints.compiler import compile_grammar
 from service.constraints.matcher import GrammarMatcher
 from service.constraints.plan import CallTarget, DecodingPlan, compile_target
 from service.engine.base import AllowedTokens, TokenBitmask
+
+log = logging.getLogger(__name__)
 
 # Body kinds select the terminator set.
 _ANALYSIS, _FINAL, _PREAMBLE, _CALL = "analysis", "final", "preamble", "call"
@@ -241,8 +244,9 @@ class HarmonyHeaderConstraint:
                 self._done = True
             return
         if self._matcher is not None:
-            if not self._matcher.accept(token_id):
+            if not self._matcher.accept(token_id) and self.error is None:
                 self.error = self._matcher.error
+                log.warning("grammar matcher error (the body ends at its terminator): %s", self.error)
             return
         if not 0 <= token_id < v.first_special:
             self._off = True
