@@ -12,6 +12,7 @@ import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
+from service.constraints.plan import constraint_spec
 from service.errors import InvalidRequest, NotFound
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
@@ -66,6 +67,7 @@ class Commands:
         prompt_request, prompt_ids = await self._render_to_fit(
             history + input_items, request, tools=tools, effort=effort
         )
+        constraints = await self._constraints(request, prompt_request)
         room = self.runtime.engine.max_context - len(prompt_ids)
         # Like OpenAI: without max_output_tokens a run may use what remains of the context window.
         cap = request.max_output_tokens or self.settings.max_output_tokens_default or room
@@ -85,6 +87,7 @@ class Commands:
             "prompt_items": prompt_request.items,
             "instructions": request.instructions,
             "tools": tools,
+            "constraints": constraints,
             "reasoning_effort": effort,
             "prompt_token_ids": prompt_ids,
             "input_item_count": len(input_items),
@@ -98,6 +101,8 @@ class Commands:
                 top_p=1.0 if request.top_p is None else request.top_p,
                 seed=seed,
                 top_logprobs=request.top_logprobs or 0,
+                frequency_penalty=request.frequency_penalty or 0.0,
+                presence_penalty=request.presence_penalty or 0.0,
             ),
         }
         created_event = StreamBuilder(response).created()[0]
@@ -114,6 +119,19 @@ class Commands:
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
 
+    async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
+        """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
+        choice = request.tool_choice
+        constraints = constraint_spec(
+            tool_choice=choice if isinstance(choice, str) else choice.model_dump(),
+            text_format=prompt_request.response_format,
+            max_tool_calls=getattr(request, "max_tool_calls", None),
+            reasoning_budget=self.settings.reasoning_budget(prompt_request.reasoning_effort),
+        )
+        limit = self.settings.max_grammar_bytes
+        await asyncio.to_thread(self.runtime.check_constraints, prompt_request, constraints, max_grammar_bytes=limit)
+        return constraints
+
     async def _render_to_fit(
         self,
         items: list[dict[str, Any]],
@@ -126,7 +144,11 @@ class Commands:
         context = self.runtime.engine.max_context
         while True:
             prompt_request = PromptRequest(
-                items=items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
+                items=items,
+                instructions=request.instructions,
+                tools=tuple(tools),
+                reasoning_effort=effort,
+                response_format=_response_format(request),
             )
             try:
                 prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
@@ -241,14 +263,22 @@ def _drop_oldest(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _check_call_ids(history: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
-    """A function_call_output must answer a function call of this conversation (earlier or in the input)."""
-    known = {item.get("call_id") for item in history if item.get("type") == "function_call"}
+    """A function_call_output (custom_tool_call_output) must answer a function (custom tool) call of this
+    conversation (earlier or in the input)."""
+    calls, outputs = ("function_call", "custom_tool_call"), ("function_call_output", "custom_tool_call_output")
+    known = {item.get("call_id") for item in history if item.get("type") in calls}
     for index, item in enumerate(input_items):
-        if item.get("type") == "function_call":
+        if item.get("type") in calls:
             known.add(item.get("call_id"))
-        elif item.get("type") == "function_call_output" and item.get("call_id") not in known:
+        elif item.get("type") in outputs and item.get("call_id") not in known:
             raise InvalidRequest(
                 f"No tool call found for function call output with call_id '{item.get('call_id')}'.",
                 param=f"input[{index}].call_id",
                 code="invalid_value",
             )
+
+
+def _response_format(request: CreateResponseRequest) -> dict[str, Any] | None:
+    """text.format as the prompt shows it to the model (and the constraint enforces it)."""
+    text_format = request.text.format if request.text is not None else None
+    return text_format.model_dump(mode="json", exclude_none=True) if text_format is not None else None

@@ -29,8 +29,20 @@ class Settings(BaseModel):
     max_output_tokens_default: int | None = Field(default=None, ge=1)
     # A store outage longer than this fails foreground runs (background runs wait it out).
     store_outage_seconds: float = Field(default=30.0, gt=0)
+    # Reasoning budget: analysis (and commentary preamble) tokens a completion may write before the
+    # decoder closes them and opens the final channel (or a permitted tool call), by reasoning.effort.
+    reasoning_tokens_low: int = Field(default=512, ge=0)
+    reasoning_tokens_medium: int = Field(default=2048, ge=0)
+    reasoning_tokens_high: int = Field(default=8192, ge=0)
+    # Largest JSON schema / Lark grammar / regex (bytes) accepted in text.format or a tool.
+    max_grammar_bytes: int = Field(default=64 * 1024, ge=1)
     api_key: str | None = None
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+    def reasoning_budget(self, effort: str) -> int:
+        return {"low": self.reasoning_tokens_low, "high": self.reasoning_tokens_high}.get(
+            effort, self.reasoning_tokens_medium
+        )
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

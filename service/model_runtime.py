@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.constraints.compiler import DEFAULT_MAX_GRAMMAR_BYTES
+from service.constraints.plan import check_plan, plan_from_spec
 from service.engine.base import Engine, LogitsConstraint
+from service.errors import InvalidRequest
 from service.prompting.base import ChatFormat, PromptRequest
 
 
@@ -19,9 +22,38 @@ class ModelRuntime:
     def render(self, request: PromptRequest) -> list[int]:
         return self.chat_format.render(request)
 
-    def new_constraint(self, prompt_request: PromptRequest) -> LogitsConstraint | None:
+    def check_constraints(
+        self, prompt_request: PromptRequest, spec: dict[str, Any], *, max_grammar_bytes: int = DEFAULT_MAX_GRAMMAR_BYTES
+    ) -> None:
+        """Raise InvalidRequest (400) unless every schema and grammar of the request compiles for this
+        model, and unless the chat format can enforce what the request asks."""
+        plan = plan_from_spec(list(prompt_request.tools), spec)
+        tokenizer_of = getattr(self.chat_format, "grammar_tokenizer", None)
+        if tokenizer_of is None:
+            if plan.constrains_content:
+                raise InvalidRequest(
+                    f"The {self.chat_format.name} format of this model cannot constrain its output: structured "
+                    "outputs, custom tools, strict functions and forced tool_choice are not available.",
+                    param="text.format" if plan.final_grammar is not None else "tool_choice",
+                    code="unsupported_value",
+                )
+            return
+        refuse = getattr(self.chat_format, "refuse_plan", None)
+        problem = refuse(plan) if refuse is not None else None
+        if problem is not None:
+            raise InvalidRequest(problem[0], param=problem[1], code="unsupported_value")
+        check_plan(plan, tokenizer_of(), max_bytes=max_grammar_bytes)
+
+    def new_constraint(
+        self, prompt_request: PromptRequest, spec: dict[str, Any] | None = None
+    ) -> LogitsConstraint | None:
+        """A fresh constraint for one run. `spec` is the run's logged constraint fact (None for runs
+        logged before constrained decoding existed: well-formed headers, any function call)."""
         factory = getattr(self.chat_format, "constraint_for", None)
         if factory is not None:
-            constraint: LogitsConstraint | None = factory(prompt_request)
+            plan = plan_from_spec(list(prompt_request.tools), spec) if spec is not None else None
+            constraint: LogitsConstraint | None = (
+                factory(prompt_request, plan) if plan is not None else factory(prompt_request)
+            )
             return constraint
         return self.chat_format.new_constraint()

@@ -51,6 +51,8 @@ def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
             part.setdefault("logprobs", []).extend(copy.deepcopy(event["logprobs"]))
     elif kind == "response.function_call_arguments.delta":
         output[event["output_index"]]["arguments"] += event["delta"]
+    elif kind == "response.custom_tool_call_input.delta":
+        output[event["output_index"]]["input"] += event["delta"]
     return response
 
 

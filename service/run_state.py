@@ -131,7 +131,14 @@ def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:
 
 
 def sampling_fact(
-    *, max_new_tokens: int, temperature: float, top_p: float, seed: int, top_logprobs: int
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    top_logprobs: int,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
 ) -> dict[str, Any]:
     return {
         "max_new_tokens": max_new_tokens,
@@ -139,4 +146,6 @@ def sampling_fact(
         "top_p": top_p,
         "seed": seed,
         "top_logprobs": top_logprobs,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
     }

@@ -189,7 +189,7 @@ class RunSupervisor:
         tokens = [t for data in token_facts for t in data["ids"]]  # for the engine's prefill
         cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
 
-        constraint = self.runtime.new_constraint(prompt_request_from_fact(fact))
+        constraint = self.runtime.new_constraint(prompt_request_from_fact(fact), fact.get("constraints"))
         run = replay_run(rid, fact, token_facts, logged, self.runtime.chat_format, constraint)
 
         if cancelled or (not claimed.background and claimed.claims > 1):
@@ -203,6 +203,8 @@ class RunSupervisor:
             top_p=sampling["top_p"],
             seed=sampling["seed"],
             top_logprobs=sampling["top_logprobs"],
+            frequency_penalty=sampling.get("frequency_penalty", 0.0),
+            presence_penalty=sampling.get("presence_penalty", 0.0),
             stop_token_ids=self.runtime.chat_format.stop_token_ids(),
         )
         try:

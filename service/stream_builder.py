@@ -19,11 +19,13 @@ Event = dict[str, Any]
 Ending = Literal["stop", "length", "cancelled", "failed"]
 
 _ITEM_PREFIX: dict[OutputKind, str] = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
+# A call to a custom tool (the parser reports it as a function_call; the tools list tells them apart).
+_CUSTOM_CALL: Literal["custom_tool_call"] = "custom_tool_call"
 
 
 @dataclass
 class _OpenItem:
-    kind: OutputKind
+    kind: OutputKind | Literal["custom_tool_call"]
     item: dict[str, Any]
     output_index: int
     text: list[str] = field(default_factory=list)
@@ -42,6 +44,10 @@ class StreamBuilder:
         # Logprobs of tokens not yet attached to a text delta (a token may produce no text by itself).
         self._carried_logprobs: list[dict[str, Any]] = []
         self._token_logprobs: list[dict[str, Any]] | None = None
+        # Calls addressed to these names are custom tool calls (raw `input`, not JSON `arguments`).
+        self._custom_tools = {
+            tool.get("name") for tool in self.response.get("tools") or [] if tool.get("type") == "custom"
+        }
 
     # -- lifecycle -------------------------------------------------------------------------
     def created(self) -> list[Event]:
@@ -124,6 +130,8 @@ class StreamBuilder:
     # -- items -----------------------------------------------------------------------------
     def _start(self, chunk: ItemStarted) -> list[Event]:
         output_index = len(self.output)
+        if chunk.kind == "function_call" and chunk.name in self._custom_tools:
+            return self._start_custom_call(chunk.name or "", output_index)
         item_id = derived_id(_ITEM_PREFIX[chunk.kind], self.response["id"], f"output:{output_index}")
         item: dict[str, Any]
         if chunk.kind == "message":
@@ -156,6 +164,20 @@ class StreamBuilder:
             )
         return out
 
+    def _start_custom_call(self, name: str, output_index: int) -> list[Event]:
+        item = {
+            "id": derived_id("ctc", self.response["id"], f"output:{output_index}"),
+            "type": "custom_tool_call",
+            "status": "in_progress",
+            "call_id": derived_id("call", self.response["id"], f"output:{output_index}"),
+            "name": name,
+            "input": "",
+        }
+        self.output.append(item)
+        self._open = _OpenItem(_CUSTOM_CALL, item, output_index)
+        self._carried_logprobs = []
+        return [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
+
     def _delta(self, text: str) -> list[Event]:
         assert self._open is not None
         if not text:
@@ -182,6 +204,9 @@ class StreamBuilder:
                     "response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0, delta=text
                 )
             ]
+        if self._open.kind == _CUSTOM_CALL:
+            kind = "response.custom_tool_call_input.delta"
+            return [self._event(kind, item_id=item_id, output_index=index, delta=text)]
         return [self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=text)]
 
     def _close_open(self, status: str) -> list[Event]:
@@ -191,7 +216,12 @@ class StreamBuilder:
         text = "".join(open_item.text)
         item, index, item_id = open_item.item, open_item.output_index, open_item.item["id"]
         out: list[Event] = []
-        if open_item.kind == "function_call":
+        if open_item.kind == _CUSTOM_CALL:
+            item["input"] = text
+            out.append(
+                self._event("response.custom_tool_call_input.done", item_id=item_id, output_index=index, input=text)
+            )
+        elif open_item.kind == "function_call":
             item["arguments"] = text
             out.append(
                 self._event(
@@ -225,7 +255,7 @@ class StreamBuilder:
         return out
 
     @staticmethod
-    def _part(kind: OutputKind, text: str) -> dict[str, Any]:
+    def _part(kind: OutputKind | Literal["custom_tool_call"], text: str) -> dict[str, Any]:
         if kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

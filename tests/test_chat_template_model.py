@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,55 @@ def test_chat_template_model_serves_plain_and_streaming(
     assert final_text(events[-1]["response"]) == text_from_deltas(events)
     follow = client.responses.create(input="More", previous_response_id=response.id, max_output_tokens=5)
     assert follow.usage and response.usage and follow.usage.input_tokens > response.usage.input_tokens
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_chat_template_model_structured_output(
+    chat_model_dir: Path, database_url: str, server_factory: Callable[..., ServerProcess]
+) -> None:
+    """text.format constrains a chat-template model's whole completion; forced and strict calls are
+    written in the template's `<tool_call>` syntax and parsed into function_call items; custom tools
+    (raw input) are a 400 for these models."""
+    import jsonschema
+    import openai
+
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    text: Any = {"format": {"type": "json_schema", "name": "r", "schema": schema, "strict": True}}
+    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    client = client_for(server.url)
+    for seed in (1, 2):
+        response = client.responses.create(input="Answer", text=text, max_output_tokens=60, extra_body={"seed": seed})
+        assert response.status == "completed"
+        jsonschema.validate(json.loads(response.output_text), schema)
+    params = {
+        "type": "object",
+        "properties": {"city": {"enum": ["paris", "rome"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    tools: Any = [
+        {"type": "function", "name": "weather", "strict": True, "parameters": params},
+        {
+            "type": "function",
+            "name": "other",
+            "strict": True,
+            "parameters": {**params, "properties": {}, "required": []},
+        },
+    ]
+    choices: list[Any] = ["required", {"type": "function", "name": "weather"}]
+    for choice in choices:
+        forced = client.responses.create(input="x", tools=tools, tool_choice=choice, max_output_tokens=150).model_dump()
+        assert forced["status"] == "completed", forced["output"]
+        calls = [item for item in forced["output"] if item["type"] == "function_call"]
+        assert len(calls) == 1 and calls[0]["name"] in ({"weather", "other"} if choice == "required" else {"weather"})
+        if calls[0]["name"] == "weather":
+            jsonschema.validate(json.loads(calls[0]["arguments"]), params)
+    custom: Any = {"type": "custom", "name": "c"}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(input="x", tools=[custom], max_output_tokens=5)
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == "tools[0]"

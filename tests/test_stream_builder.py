@@ -113,3 +113,30 @@ def test_logprobs_ride_on_text_deltas_and_add_up_in_the_part() -> None:
     part = events[-1]["response"]["output"][0]["content"][0]
     assert part["logprobs"] == [lp[1], lp[2]]
     assert project(events) == events[-1]["response"]
+
+
+def test_calls_to_custom_tools_are_custom_tool_call_items() -> None:
+    tools = [
+        {"type": "custom", "name": "calc", "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]+"}},
+        {"type": "function", "name": "lookup"},
+    ]
+    request = parse_create_request({"input": "hi", "tools": tools})
+    builder = StreamBuilder(
+        initial_response(request, response_id="resp_c", model="m", created_at=1, max_output_tokens=10)
+    )
+    events = builder.created() + builder.in_progress()
+    events += builder.feed([ItemStarted("function_call", name="calc"), ItemDelta("4"), ItemDelta("2"), ItemEnded()])
+    events += builder.finish("stop", input_tokens=1, output_tokens=4, completed_at=2)
+    assert [e["type"] for e in events[2:]] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    item = events[-1]["response"]["output"][0]
+    assert item["type"] == "custom_tool_call" and item["id"].startswith("ctc_")
+    assert (item["name"], item["input"], item["status"]) == ("calc", "42", "completed")
+    assert events[-3]["input"] == "42"
+    assert project(events[:4])["output"][0]["input"] == "4"  # a read mid-call folds the deltas

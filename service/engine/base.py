@@ -32,13 +32,32 @@ class SamplingParams:
     seed: int = 0
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     top_logprobs: int = 0  # 0 = off
+    # OpenAI semantics, over the tokens generated so far in this response (replayed ones included):
+    # logits[t] -= presence_penalty * (count[t] > 0) + frequency_penalty * count[t]
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+
+@dataclass(frozen=True)
+class TokenBitmask:
+    """Allowed next tokens as packed bits (llguidance's layout): bit i of `words[j]` allows token 32*j+i.
+
+    Tokens past the end of `words` are not allowed."""
+
+    words: np.ndarray  # uint32
+
+
+AllowedTokens = np.ndarray | TokenBitmask
 
 
 class LogitsConstraint(Protocol):
-    """Per-sequence grammar hook (e.g. the Harmony header). Stateful; fed every sampled token."""
+    """Per-sequence grammar hook (e.g. the Harmony header, a JSON schema). Stateful; fed every sampled
+    token. Its state must be a pure function of the tokens accepted so far (a resumed run rebuilds it
+    by replaying them), and allowed_token_ids() must not change the state: the engine may call it
+    from a worker thread while the model computes, and again before sampling."""
 
-    def allowed_token_ids(self) -> np.ndarray | None:
-        """Token ids the next token may be, or None for no restriction."""
+    def allowed_token_ids(self) -> AllowedTokens | None:
+        """Token ids the next token may be (an id array or a packed bitmask), or None for no restriction."""
         ...
 
     def accept(self, token_id: int) -> None:

@@ -17,6 +17,11 @@ run at batch 1 in the sequence's slot. MatMulNBits (accuracy_level 4) quantizes 
 block and every other op is row-wise, so a row's logits do not depend on the other rows of the batch;
 tests/test_engine_onnx.py checks this (token-exact), which is what makes a resume at batch 1
 reproduce a run that was decoded batched. The standard layout steps sequences one by one.
+
+Constraints: after a step has sampled (and fed every constraint its token), the next step's masks
+are computed in a worker thread while the model runs (llguidance releases the GIL), so grammar
+masks cost little wall time. Masks are pure functions of a constraint's state, so when they are
+computed never changes what is sampled. Unconstrained sequences skip all of it.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +43,8 @@ from service.engine.quantize import find_model_file
 from service.engine.sampling import sample
 
 _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produce (full-logits graphs)
+# Threads computing grammar masks beside the forward pass (each takes a share of the batch).
+_MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
 @dataclass
@@ -48,6 +56,7 @@ class _Sequence:
     generated: int  # tokens sampled so far, including those replayed on resume
     logits: np.ndarray  # next-token logits, waiting for the next step
     slot: int = -1  # shared-buffer layout: the sequence's row in the KV pool
+    counts: dict[int, int] = field(default_factory=dict)  # generated token id -> times (penalties)
 
 
 class _SlotPool:
@@ -125,6 +134,7 @@ class OnnxEngine:
             self.max_context if last_only else max(16, _PREFILL_LOGITS_BUDGET // self.config.vocab_size)
         )
         self._seqs: dict[str, _Sequence] = {}
+        self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
 
     # -- Engine protocol ---------------------------------------------------------------------
 
@@ -149,6 +159,9 @@ class OnnxEngine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"token id out of range for vocabulary of {vocab}")
         seq = _Sequence(params, constraint, [], 0, len(generated_ids), np.empty(0, np.float32))
+        if params.frequency_penalty or params.presence_penalty:
+            for token in generated_ids:
+                seq.counts[token] = seq.counts.get(token, 0) + 1
         self._acquire(seq)
         try:
             # The prompt goes in the same chunks as in the original run and generated tokens one at a
@@ -174,6 +187,23 @@ class OnnxEngine:
                 self._release(self._seqs.pop(seq_id))
             else:
                 going.append((seq, out.token_id))
+        constrained = [seq.constraint for seq, _ in going if seq.constraint is not None]
+        masks = []
+        if constrained:
+            if self._mask_thread is None:
+                self._mask_thread = ThreadPoolExecutor(max_workers=_MASK_THREADS, thread_name_prefix="masks")
+            # Next step's masks, computed while the model runs (llguidance drops the GIL), split
+            # across the mask threads.
+            shares = [constrained[i :: _MASK_THREADS] for i in range(min(_MASK_THREADS, len(constrained)))]
+            masks = [self._mask_thread.submit(_compute_masks, share) for share in shares]
+        try:
+            self._decode(going)
+        finally:
+            for future in masks:
+                future.result()
+        return results
+
+    def _decode(self, going: list[tuple[_Sequence, int]]) -> None:
         if self.layout.shared_buffer:
             going.sort(key=lambda st: st[0].slot)  # rows in slot order: slots 0..n-1 are one tensor
             for start in range(0, len(going), self.max_batch):
@@ -181,7 +211,6 @@ class OnnxEngine:
         else:
             for seq, token in going:
                 self._forward(seq, [token])
-        return results
 
     def remove_sequence(self, seq_id: str) -> None:
         seq = self._seqs.pop(seq_id, None)
@@ -195,9 +224,11 @@ class OnnxEngine:
 
     def _sample(self, seq: _Sequence) -> TokenOutput:
         allowed = seq.constraint.allowed_token_ids() if seq.constraint is not None else None
-        out = sample(seq.logits, seq.params, seq.generated, allowed)
+        out = sample(seq.logits, seq.params, seq.generated, allowed, seq.counts)
         if seq.constraint is not None:
             seq.constraint.accept(out.token_id)
+        if seq.params.frequency_penalty or seq.params.presence_penalty:
+            seq.counts[out.token_id] = seq.counts.get(out.token_id, 0) + 1
         seq.generated += 1
         reason: FinishReason | None = None
         if out.token_id in seq.params.stop_token_ids:
@@ -285,6 +316,12 @@ class OnnxEngine:
         if not lay.shared_buffer:
             seq.past = list(outs[1:])
         seq.length += n
+
+
+def _compute_masks(constraints: list[LogitsConstraint]) -> None:
+    """Warm each constraint's memoized mask for the next step (runs beside the forward pass)."""
+    for constraint in constraints:
+        constraint.allowed_token_ids()
 
 
 def _genai_shares_buffer(model_dir: Path) -> bool:

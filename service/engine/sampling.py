@@ -2,14 +2,20 @@
 (seed, token index), so a resumed run samples exactly what an uninterrupted run would have.
 
 Reported logprobs are from the model's own distribution: log-softmax of the raw logits at
-temperature 1, before top-k/top-p and before the constraint mask.
+temperature 1, before penalties, top-k/top-p and the constraint mask.
+
+Order of operations: raw logits -> frequency/presence penalties (from the counts of tokens generated
+so far) -> constraint mask (an id array or a packed bitmask) -> greedy or temperature/top-k/top-p draw.
+A mask that allows few tokens (a grammar, a header) is applied by sampling over the allowed ids alone:
+the same distribution in the same id order, so the same draw as masking the whole vocabulary up to
+float rounding, and always the same draw for the same inputs (what resume needs).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from service.engine.base import SamplingParams, TokenOutput
+from service.engine.base import AllowedTokens, SamplingParams, TokenBitmask, TokenOutput
 
 # For top-p, first try the nucleus among this many best tokens; fall back to sorting everything.
 _NUCLEUS_PREFETCH = 1024
@@ -99,27 +105,92 @@ def _choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:
     return _inverse_cdf(p, u)
 
 
+def apply_penalties(logits: np.ndarray, params: SamplingParams, counts: dict[int, int] | None) -> np.ndarray:
+    """OpenAI's presence/frequency penalties over `counts` (token id -> times generated); a new array."""
+    if not counts or (params.frequency_penalty == 0.0 and params.presence_penalty == 0.0):
+        return logits
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    times = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+    out = logits.copy()
+    out[ids] -= np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * times
+    return out
+
+
+def bitmask_to_bool(mask: TokenBitmask, vocab: int) -> np.ndarray:
+    """Unpack llguidance's bit layout (little-endian words, bit i = token 32*j+i) to a bool per token."""
+    bits = np.unpackbits(np.ascontiguousarray(mask.words, dtype="<u4").view(np.uint8), bitorder="little")
+    if bits.shape[0] < vocab:
+        bits = np.concatenate([bits, np.zeros(vocab - bits.shape[0], dtype=np.uint8)])
+    return bits[:vocab].view(np.bool_)
+
+
+# When a constraint allows at most this fraction of the vocabulary, sampling runs over the allowed
+# ids alone (the same distribution in the same id order, without touching 200k masked-out logits).
+_COMPACT_FRACTION = 8
+
+
+def _compact_ids(allowed: AllowedTokens, vocab: int) -> np.ndarray | None:
+    """The sorted allowed ids when they are few (compact path), else None (mask the whole vocabulary)."""
+    if isinstance(allowed, TokenBitmask):
+        words = np.ascontiguousarray(allowed.words, dtype="<u4")
+        nonzero = np.flatnonzero(words)
+        if nonzero.size * 32 > 4 * vocab // _COMPACT_FRACTION:  # surely dense: skip the exact count
+            return None
+        bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32).view(np.bool_)
+        ids = (nonzero[:, None] * 32 + np.arange(32))[bits]
+        ids = ids[ids < vocab]
+    else:
+        ids = np.asarray(allowed, dtype=np.int64)
+        if ids.size * _COMPACT_FRACTION > vocab:
+            return None
+        ids = np.unique(ids)
+    if ids.size == 0:
+        raise ValueError("constraint allows no token")
+    return ids if ids.size * _COMPACT_FRACTION <= vocab else None
+
+
+def _apply_mask(logits: np.ndarray, allowed: AllowedTokens) -> np.ndarray:
+    if isinstance(allowed, TokenBitmask):
+        keep = bitmask_to_bool(allowed, logits.shape[0])
+        if not keep.any():
+            raise ValueError("constraint allows no token")
+        masked = np.full_like(logits, -np.inf)
+        np.copyto(masked, logits, where=keep)
+        return masked
+    allowed = np.asarray(allowed, dtype=np.int64)
+    if allowed.size == 0:
+        raise ValueError("constraint allows no token")
+    if allowed.size >= _BIAS_CACHE_MIN:
+        return logits + _mask_bias(allowed, logits.shape[0])  # the same values as the copy below, faster
+    masked = np.full_like(logits, -np.inf)
+    masked[allowed] = logits[allowed]
+    return masked
+
+
 def sample(
-    logits: np.ndarray, params: SamplingParams, token_index: int, allowed: np.ndarray | None = None
+    logits: np.ndarray,
+    params: SamplingParams,
+    token_index: int,
+    allowed: AllowedTokens | None = None,
+    counts: dict[int, int] | None = None,
 ) -> TokenOutput:
-    """Pick one token from `logits` (vocab,). `allowed` (token ids) masks everything else out.
+    """Pick one token from `logits` (vocab,). `allowed` (token ids or a packed bitmask) masks everything
+    else out; `counts` (token id -> times generated so far) feeds the frequency/presence penalties.
 
     Greedy when temperature == 0. finish_reason is left for the engine to set."""
     raw = np.asarray(logits, dtype=np.float32)
-    masked = raw
-    if allowed is not None:
-        allowed = np.asarray(allowed, dtype=np.int64)
-        if allowed.size == 0:
-            raise ValueError("constraint allows no token")
-        if allowed.size >= _BIAS_CACHE_MIN:
-            masked = raw + _mask_bias(allowed, raw.shape[0])  # the same values as the copy below, faster
-        else:
-            masked = np.full_like(raw, -np.inf)
-            masked[allowed] = raw[allowed]
+    masked = apply_penalties(raw, params, counts)
+    subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
+    if subset is not None:
+        masked = masked[subset]  # index j of the subset is token subset[j]
+    elif allowed is not None:
+        masked = _apply_mask(masked, allowed)
     if params.temperature <= 0.0:
         token = int(np.argmax(masked))
     else:
         token = _choose(masked, params, draw_uniform(params.seed, token_index))
+    if subset is not None:
+        token = int(subset[token])
     lse = _logsumexp(raw)
     logprob = float(raw[token]) - lse
     top: tuple[tuple[int, float], ...] = ()

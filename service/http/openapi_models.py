@@ -82,9 +82,29 @@ class FunctionCallOutput(BaseModel):
     status: ItemStatus | None = None
 
 
-OutputItem = Annotated[OutputMessage | ReasoningOutputItem | FunctionCall, Field(discriminator="type")]
+class CustomToolCall(BaseModel):
+    id: str
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    status: ItemStatus | None = None
+
+
+class CustomToolCallOutput(BaseModel):
+    id: str
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str
+    status: ItemStatus | None = None
+
+
+OutputItem = Annotated[
+    OutputMessage | ReasoningOutputItem | FunctionCall | CustomToolCall, Field(discriminator="type")
+]
 InputItem = Annotated[
-    InputMessage | ReasoningOutputItem | FunctionCall | FunctionCallOutput, Field(discriminator="type")
+    InputMessage | ReasoningOutputItem | FunctionCall | FunctionCallOutput | CustomToolCall | CustomToolCallOutput,
+    Field(discriminator="type"),
 ]
 
 
@@ -291,6 +311,21 @@ class FunctionCallArgumentsDoneEvent(_Event):
     arguments: str
 
 
+class CustomToolCallInputDeltaEvent(_Event):
+    type: Literal["response.custom_tool_call_input.delta"]
+    item_id: str
+    output_index: int
+    delta: str
+    obfuscation: str | None = None
+
+
+class CustomToolCallInputDoneEvent(_Event):
+    type: Literal["response.custom_tool_call_input.done"]
+    item_id: str
+    output_index: int
+    input: str
+
+
 class StreamEvent(BaseModel):
     """One event of a response's stream, as OpenAI names and shapes it."""
 
@@ -303,6 +338,8 @@ class StreamEvent(BaseModel):
         | ReasoningTextDeltaEvent
         | ReasoningTextDoneEvent
         | FunctionCallArgumentsDeltaEvent
-        | FunctionCallArgumentsDoneEvent,
+        | FunctionCallArgumentsDoneEvent
+        | CustomToolCallInputDeltaEvent
+        | CustomToolCallInputDoneEvent,
         Field(discriminator="type"),
     ]

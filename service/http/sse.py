@@ -73,6 +73,7 @@ _DELTA_TYPES = frozenset(
         "response.output_text.delta",
         "response.reasoning_text.delta",
         "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
     }
 )
 

@@ -30,6 +30,9 @@ class PromptRequest:
     instructions: str | None = None
     tools: tuple[FunctionTool, ...] = ()
     reasoning_effort: Literal["low", "medium", "high"] = "medium"
+    # text.format when it is not plain text ({"type": "json_schema", "name", "schema", ...} or json_object):
+    # a format may tell the model about it in the prompt (the decoder enforces it either way).
+    response_format: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import llguidance
+
+from service.constraints.compiler import GrammarError, compile_grammar
+from service.constraints.matcher import GrammarMatcher
+from service.constraints.plan import DecodingPlan
+from service.constraints.tokenizer import hf_tokenizer
 from service.engine.base import LogitsConstraint
 from service.prompting.base import (
     ConversationItem,
@@ -17,6 +23,12 @@ from service.prompting.base import (
     ItemStarted,
     OutputChunk,
     PromptRequest,
+)
+from service.prompting.chat_template_tools import (
+    CALL_OPEN,
+    CompletionConstraint,
+    ToolCallTextParser,
+    completion_grammar,
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -92,9 +104,9 @@ def items_to_chat_messages(
             append("system" if role == "developer" else role, _text_of(item.get("content")))
         elif kind == "reasoning":
             continue
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             names[item["call_id"]] = item["name"]
-            args = item.get("arguments") or ""
+            args = item.get("arguments") or item.get("input") or ""
             if structured_tools:
                 call = {
                     "id": item["call_id"],
@@ -108,7 +120,7 @@ def items_to_chat_messages(
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             else:
                 append("assistant", f"Calling function {item['name']} with arguments {args}")
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = _output_text(item)
             name = names.get(item["call_id"], "unknown")
             if structured_tools:
@@ -198,6 +210,30 @@ class PlainTextParser:
         return self._close() if self._state == "open" else []
 
 
+class CallParsingTextParser:
+    """OutputParser for templates that write calls as `<tool_call>` JSON: text becomes a message
+    item, each call a function_call item (see chat_template_tools.ToolCallTextParser)."""
+
+    def __init__(self, tokenizer: Any, stop_ids: frozenset[int]) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stop = stop_ids
+        self._calls = ToolCallTextParser()
+        self._closed = False
+
+    def feed(self, token_id: int) -> list[OutputChunk]:
+        if self._closed:
+            return []
+        if token_id in self._stop:
+            return self.finish()
+        return self._calls.feed(self._detok.push(token_id))
+
+    def finish(self) -> list[OutputChunk]:
+        if self._closed:
+            return []
+        self._closed = True
+        return self._calls.feed(self._detok.flush()) + self._calls.finish()
+
+
 class ChatTemplateFormat:
     """ChatFormat backed by a local transformers tokenizer with a chat template."""
 
@@ -213,6 +249,8 @@ class ChatTemplateFormat:
         # Templates that never mention these render tool turns badly or raise: fall back to text.
         self._structured_tools = "tool_calls" in source
         self._tools_in_template = "tools" in source.replace("tool_calls", "")
+        # Qwen-style templates write calls as <tool_call> JSON: parse them, and constrain them.
+        self._call_syntax = CALL_OPEN in source
         self._stop = frozenset(self._eos_ids() | {int(i) for i in extra_stop_ids})
         if not self._stop:
             raise ValueError(f"no eos token for the tokenizer in {self.model_dir}: generation could never stop")
@@ -227,7 +265,49 @@ class ChatTemplateFormat:
             ids.update(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
         return ids
 
-    def constraint_for(self, request: PromptRequest) -> LogitsConstraint | None:
+    def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> LogitsConstraint | None:
+        """The whole completion constrained by what the plan asks (calls in the template's `<tool_call>`
+        syntax, the answer's text.format), or None for free text. Plans this format cannot enforce
+        are refused when the request is created (refuse_plan)."""
+        if plan is None:
+            return None
+        tokenizer = self.grammar_tokenizer()
+        spec = completion_grammar(plan, tokenizer) if self._call_syntax else plan.final_grammar
+        if spec is None:
+            return None
+        grammar = compile_grammar(spec, tokenizer, max_bytes=1 << 62)  # checked when the request was created
+        return CompletionConstraint(GrammarMatcher(tokenizer, grammar, tuple(sorted(self._stop))), self._stop)
+
+    def grammar_tokenizer(self) -> llguidance.LLTokenizer:
+        """The llguidance tokenizer of this model's tokenizer.json (built once)."""
+        return hf_tokenizer(self.model_dir, min(self._stop))
+
+    def refuse_plan(self, plan: DecodingPlan) -> tuple[str, str] | None:
+        """(message, param) when the plan needs what this format cannot enforce: custom tools (no
+        call syntax for raw input), and forced or strict calls when the template has no
+        `<tool_call>` syntax."""
+        for index, call in enumerate(plan.calls):
+            if call.custom:
+                return (
+                    f"This model uses a chat template: custom tool '{call.name}' needs a Harmony model.",
+                    f"tools[{index}]",
+                )
+        if self._call_syntax:
+            spec = completion_grammar(plan, self.grammar_tokenizer())
+            if spec is not None:
+                try:
+                    compile_grammar(spec, self.grammar_tokenizer(), max_bytes=1 << 62)
+                except GrammarError as exc:
+                    return (f"The tools cannot be constrained for this model: {exc}", "tools")
+            return None
+        if not plan.final:
+            return ("This model's chat template has no tool-call syntax to force a call in.", "tool_choice")
+        for index, call in enumerate(plan.calls):
+            if call.grammar is not None and call.grammar.strict:
+                return (
+                    f"This model's chat template has no tool-call syntax for strict tool '{call.name}'.",
+                    f"tools[{index}]",
+                )
         return None
 
     def chat_messages(self, request: PromptRequest) -> list[dict[str, Any]]:
@@ -247,7 +327,9 @@ class ChatTemplateFormat:
     def stop_token_ids(self) -> frozenset[int]:
         return self._stop
 
-    def new_parser(self) -> PlainTextParser:
+    def new_parser(self) -> PlainTextParser | CallParsingTextParser:
+        if self._call_syntax:
+            return CallParsingTextParser(self.tokenizer, self._stop)
         return PlainTextParser(self.tokenizer, self._stop)
 
     def new_constraint(self) -> LogitsConstraint | None:

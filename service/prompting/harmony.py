@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+import llguidance
 from openai_harmony import (
     Author,
     Conversation,
@@ -19,6 +21,8 @@ from openai_harmony import (
     ToolDescription,
 )
 
+from service.constraints.plan import DecodingPlan
+from service.constraints.tokenizer import harmony_tokenizer
 from service.prompting.base import ConversationItem, FunctionTool, PromptRequest
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab
 from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputParser
@@ -28,6 +32,8 @@ _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high":
 # We drop earlier turns' reasoning ourselves (see drop_earlier_reasoning), so tell harmony not to.
 _KEEP_ANALYSIS = RenderConversationConfig(auto_drop_analysis=False)
 JSON_CONTENT_TYPE = "<|constrain|>json"
+
+_TOOL_TYPES = ("function", "custom")  # both are addressed as functions.NAME
 
 _vocab_cache: dict[int, HarmonyVocab] = {}
 
@@ -61,10 +67,39 @@ def _text_of(content: Any, *, item: ConversationItem) -> str:
 
 
 def function_tool_description(tool: FunctionTool) -> ToolDescription:
+    if tool.get("type") == "custom":
+        return custom_tool_description(tool)
     params = tool.get("parameters")
     if not params or not params.get("properties"):
         params = None  # renders `() => any`, as gpt-oss saw argument-less tools in training
     return ToolDescription.new(tool["name"], tool.get("description") or "", parameters=params)
+
+
+def custom_tool_description(tool: FunctionTool) -> ToolDescription:
+    """A custom tool takes raw text, not JSON: rendered as a function with no JSON parameters whose
+    description states the input format (the call header then carries no `<|constrain|>json`)."""
+    fmt = tool.get("format") or {"type": "text"}
+    description = tool.get("description") or ""
+    if fmt.get("type") == "grammar":
+        syntax = "Lark grammar" if fmt.get("syntax") == "lark" else "regular expression"
+        note = f"Input: raw text (not JSON) matching this {syntax}:\n{fmt.get('definition', '')}"
+    else:
+        note = "Input: raw text (not JSON)."
+    return ToolDescription.new(tool["name"], f"{description}\n{note}".strip(), parameters=None)
+
+
+def response_format_section(fmt: dict[str, Any] | None) -> str:
+    """The developer-message section gpt-oss reads a structured-output format from (Harmony's
+    `# Response Formats`), appended to the instructions."""
+    if not fmt:
+        return ""
+    if fmt.get("type") == "json_schema":
+        description = f"// {fmt['description']}\n" if fmt.get("description") else ""
+        schema = json.dumps(fmt.get("schema"), ensure_ascii=False)
+        return f"\n\n# Response Formats\n\n## {fmt.get('name', 'response')}\n\n{description}{schema}"
+    if fmt.get("type") == "json_object":
+        return "\n\n# Response Formats\n\nRespond with a JSON object."
+    return ""
 
 
 def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
@@ -97,7 +132,14 @@ def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
                 .with_recipient(FUNCTIONS_PREFIX + item["name"])
                 .with_content_type(JSON_CONTENT_TYPE)
             )
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            names_by_call_id[item["call_id"]] = item["name"]
+            out.append(
+                Message.from_role_and_content(Role.ASSISTANT, item.get("input") or "")
+                .with_channel("commentary")
+                .with_recipient(FUNCTIONS_PREFIX + item["name"])
+            )
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             name = names_by_call_id.get(item["call_id"])
             if name is None:
                 raise ValueError(f"function_call_output for unknown call_id {item['call_id']!r}")
@@ -155,12 +197,22 @@ class HarmonyFormat:
         self._start_date = conversation_start_date  # fixed string or None: prompts stay deterministic
         self._knowledge_cutoff = knowledge_cutoff
         self._stop = frozenset(self.encoding.stop_tokens_for_assistant_actions())
+        # The grammar tokenizer takes about a second to build: start now, in the background, so the
+        # first constrained request (or a resume replaying one) does not wait for all of it.
+        threading.Thread(target=harmony_tokenizer, args=(self.encoding,), name="grammar-tokenizer", daemon=True).start()
 
-    def constraint_for(self, request: PromptRequest) -> HarmonyHeaderConstraint:
-        """A fresh header constraint for one completion of `request`: calls to its function tools
-        are allowed (new_constraint() allows none). On resume, replay generated tokens via accept()."""
+    def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> HarmonyHeaderConstraint:
+        """A fresh constraint for one completion of `request`: with a plan, what it allows (tool_choice,
+        grammars, reasoning budget); without one, calls to any of its function tools (new_constraint()
+        allows none). On resume, replay generated tokens via accept()."""
+        if plan is not None:
+            return HarmonyHeaderConstraint(self._vocab, plan=plan, tokenizer=self.grammar_tokenizer())
         names = [t["name"] for t in request.tools if t.get("type", "function") == "function"]
         return HarmonyHeaderConstraint(self._vocab, names)
+
+    def grammar_tokenizer(self) -> llguidance.LLTokenizer:
+        """The llguidance tokenizer over this encoding's vocabulary (built once, ~1 s)."""
+        return harmony_tokenizer(self.encoding)
 
     def system_message(self, request: PromptRequest) -> Message:
         content = SystemContent.new().with_reasoning_effort(_EFFORT[request.reasoning_effort])
@@ -173,12 +225,13 @@ class HarmonyFormat:
         return Message.from_role_and_content(Role.SYSTEM, content)
 
     def developer_message(self, request: PromptRequest) -> Message | None:
-        tools = [function_tool_description(t) for t in request.tools if t.get("type", "function") == "function"]
-        if not request.instructions and not tools:
+        tools = [function_tool_description(t) for t in request.tools if t.get("type", "function") in _TOOL_TYPES]
+        instructions = (request.instructions or "") + response_format_section(request.response_format)
+        if not instructions and not tools:
             return None
         content = DeveloperContent.new()
-        if request.instructions:
-            content = content.with_instructions(request.instructions)
+        if instructions:
+            content = content.with_instructions(instructions.lstrip("\n"))
         if tools:
             content = content.with_function_tools(tools)
         return Message.from_role_and_content(Role.DEVELOPER, content)

@@ -46,6 +46,23 @@ class FunctionCallOutputItem(Strict):
     status: str | None = None
 
 
+class CustomToolCallItem(Strict):
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    input: str
+    status: str | None = None
+
+
+class CustomToolCallOutputItem(Strict):
+    type: Literal["custom_tool_call_output"]
+    id: str | None = None
+    call_id: str
+    output: str
+    status: str | None = None
+
+
 class ReasoningText(Strict):
     type: Literal["reasoning_text"]
     text: str
@@ -61,11 +78,24 @@ class ReasoningItem(Strict):
 
 
 InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
+    | ReasoningItem,
+    Field(discriminator="type"),
 ]
 
 
-ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+ID_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+    "reasoning": "rs",
+}
 
 
 def item_text(item: ConversationItem) -> str | None:
@@ -75,7 +105,9 @@ def item_text(item: ConversationItem) -> str | None:
         return "".join(part.get("text", "") for part in item.get("content") or [])
     if kind == "function_call":
         return f"{item.get('name')}({item.get('arguments')})"
-    if kind == "function_call_output":
+    if kind == "custom_tool_call":
+        return f"{item.get('name')}({item.get('input')})"
+    if kind in ("function_call_output", "custom_tool_call_output"):
         return str(item.get("output"))
     return None
 
@@ -90,6 +122,6 @@ def item_role(item: ConversationItem) -> str | None:
     kind = item.get("type")
     if kind == "message":
         return str(item.get("role"))
-    if kind == "function_call_output":
+    if kind in ("function_call_output", "custom_tool_call_output"):
         return "tool"
-    return "assistant" if kind in ("function_call", "reasoning") else None
+    return "assistant" if kind in ("function_call", "custom_tool_call", "reasoning") else None

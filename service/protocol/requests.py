@@ -12,13 +12,15 @@ from service.protocol.ids import derived_id
 from service.protocol.items import (
     ID_PREFIX,
     ConversationItem,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
     MessageItem,
 )
 from service.protocol.text import TextConfig
-from service.protocol.tools import FunctionTool, FunctionToolChoice
+from service.protocol.tools import AllowedToolsChoice, Tool, ToolChoice
 
 
 class ReasoningConfig(Strict):
@@ -56,8 +58,8 @@ class CreateResponseRequest(Strict):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
-    tools: list[FunctionTool] = Field(default_factory=list)
-    tool_choice: Literal["auto", "none", "required"] | FunctionToolChoice = "auto"
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
     store: bool = True
     stream: bool = False
@@ -157,14 +159,34 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise _invalid_from_validation(exc) from None
     if request.background and not request.store:
         raise InvalidRequest("background=true requires store=true.", param="background")
-    if request.tool_choice not in ("auto", "none"):
-        # Forcing a call would need the decoder constrained to it; we do not pretend to.
-        raise InvalidRequest(
-            "tool_choice 'required' and named functions are not supported by this server; use 'auto' or 'none'.",
-            param="tool_choice",
-            code="unsupported_value",
-        )
+    _check_tools(request)
     return request
+
+
+def _check_tools(request: CreateResponseRequest) -> None:
+    """tool_choice must name tools the request offers; names are unique (the model addresses tools by name)."""
+    kinds: dict[str, str] = {}
+    for index, tool in enumerate(request.tools):
+        if tool.name in kinds:
+            raise InvalidRequest(f"Duplicate tool name '{tool.name}'.", param=f"tools[{index}].name")
+        kinds[tool.name] = tool.type
+    choice = request.tool_choice
+    if choice == "required" and not request.tools:
+        raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
+    if isinstance(choice, AllowedToolsChoice):
+        if not choice.tools:
+            raise InvalidRequest("allowed_tools must name at least one tool.", param="tool_choice.tools")
+        for index, ref in enumerate(choice.tools):
+            if kinds.get(ref.name) != ref.type:
+                raise InvalidRequest(
+                    f"Tool '{ref.name}' of type '{ref.type}' in allowed_tools is not in 'tools'.",
+                    param=f"tool_choice.tools[{index}]",
+                )
+    elif not isinstance(choice, str) and kinds.get(choice.name) != choice.type:
+        raise InvalidRequest(
+            f"Tool choice '{choice.name}' of type '{choice.type}' not found in 'tools' parameter.",
+            param="tool_choice",
+        )
 
 
 def _refuse_unsupported_parts(items: list[Any]) -> None:
@@ -232,6 +254,27 @@ def normalize_input(request: CreateResponseRequest, response_id: str) -> list[Co
                     "status": "completed",
                 }
             )
+        elif isinstance(item, CustomToolCallItem):
+            out.append(
+                {
+                    "id": item_id,
+                    "type": "custom_tool_call",
+                    "call_id": item.call_id,
+                    "name": item.name,
+                    "input": item.input,
+                    "status": "completed",
+                }
+            )
+        elif isinstance(item, CustomToolCallOutputItem):
+            out.append(
+                {
+                    "id": item_id,
+                    "type": "custom_tool_call_output",
+                    "call_id": item.call_id,
+                    "output": item.output,
+                    "status": "completed",
+                }
+            )
         elif isinstance(item, FunctionCallOutputItem):
             out.append(
                 {
@@ -258,6 +301,13 @@ _TYPE_TAGS = {
     "float",
     "bool",
     "function",
+    "custom",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "allowed_tools",
+    "json_schema",
+    "json_object",
+    "grammar",
     "dict",
     "list",
     "none",

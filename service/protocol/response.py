@@ -40,7 +40,7 @@ def initial_response(
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "presence_penalty": 0.0 if request.presence_penalty is None else request.presence_penalty,
         "frequency_penalty": 0.0 if request.frequency_penalty is None else request.frequency_penalty,
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "text": {"format": _text_format(request), "verbosity": "medium"},
         "tool_choice": request.tool_choice
         if isinstance(request.tool_choice, str)
         else request.tool_choice.model_dump(),
@@ -51,6 +51,15 @@ def initial_response(
         "user": request.user,
         "completed_at": None,
     }
+
+
+def _text_format(request: CreateResponseRequest) -> dict[str, Any]:
+    if request.text is None or request.text.format is None:
+        return {"type": "text"}
+    fmt = request.text.format.model_dump(mode="json", exclude_none=True)
+    if fmt["type"] == "json_schema":  # echoed with every field, as OpenAI does
+        fmt = {**fmt, "description": fmt.get("description"), "strict": bool(fmt.get("strict"))}
+    return fmt
 
 
 TERMINAL_EVENT_TYPES = frozenset({"response.completed", "response.incomplete", "response.failed"})

@@ -1,0 +1,154 @@
+"""Schemas and grammars -> llguidance grammars: validated, size-limited, cached by content hash.
+
+`compile_grammar` is the one entry point. It refuses (GrammarError, mapped to a 400 by the caller):
+a source over the size limit, a syntax error (with line and column), a JSON schema outside the
+strict subset when strict, and a grammar whose language is empty (nothing could ever complete
+it), so a request never starts a run that cannot end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import llguidance
+import numpy as np
+
+from service.constraints.lark_check import unproductive_start
+from service.constraints.strict_schema import StrictSchemaError, check_strict_schema
+
+GrammarKind = Literal["json_schema", "lark", "regex"]
+DEFAULT_MAX_GRAMMAR_BYTES = 64 * 1024
+CACHE_SIZE = 256
+_JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no whitespace loops, ends at once
+_TOO_DEEP = ""  # the source of a schema nested too deeply to serialise
+
+
+class GrammarError(ValueError):
+    """A schema or grammar that cannot be used; the message says why (and where)."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: GrammarKind
+    source: str  # the schema as JSON text, the Lark grammar, or the regex
+    strict: bool = True  # json_schema: enforce OpenAI's strict subset
+
+    @staticmethod
+    def json_schema(schema: Any, *, strict: bool) -> GrammarSpec:
+        try:
+            source = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        except RecursionError:
+            source = _TOO_DEEP  # refused by compile_grammar with a clear message
+        return GrammarSpec("json_schema", source, strict)
+
+    def key(self) -> str:
+        digest = hashlib.sha256(f"{self.kind}\0{int(self.strict)}\0{self.source}".encode())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    key: str
+    grammar: str  # llguidance's grammar JSON, ready for LLMatcher
+
+
+_cache: OrderedDict[tuple[str, int], CompiledGrammar] = OrderedDict()
+_lock = threading.Lock()
+
+
+def compile_grammar(
+    spec: GrammarSpec, tokenizer: llguidance.LLTokenizer, *, max_bytes: int = DEFAULT_MAX_GRAMMAR_BYTES
+) -> CompiledGrammar:
+    """Compile and check `spec` for `tokenizer`; results are cached (bounded LRU) by content hash."""
+    size = len(spec.source.encode())
+    if size > max_bytes:
+        raise GrammarError(f"The grammar is {size} bytes; this server accepts at most {max_bytes} bytes.")
+    cache_key = (spec.key(), id(tokenizer))
+    with _lock:
+        hit = _cache.get(cache_key)
+        if hit is not None:
+            _cache.move_to_end(cache_key)
+            return hit
+    compiled = CompiledGrammar(spec.key(), _compile(spec, tokenizer))
+    with _lock:
+        _cache[cache_key] = compiled
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return compiled
+
+
+def cache_info() -> int:
+    with _lock:
+        return len(_cache)
+
+
+def _compile(spec: GrammarSpec, tokenizer: llguidance.LLTokenizer) -> str:
+    if spec.kind == "json_schema":
+        if spec.source == _TOO_DEEP:
+            raise GrammarError("The schema is nested too deeply.")
+        try:
+            schema = json.loads(spec.source)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"The schema is not valid JSON: {exc}.") from None
+        if spec.strict:
+            try:
+                check_strict_schema(schema)
+            except StrictSchemaError as exc:
+                raise GrammarError(f"Invalid schema: {exc}.") from None
+        options = _JSON_OPTIONS if spec.strict else {**_JSON_OPTIONS, "lenient": True}
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            raise GrammarError(f"Invalid schema: {exc}.") from None
+    elif spec.kind == "lark":
+        grammar = llguidance.LLMatcher.grammar_from_lark(spec.source)
+    else:
+        grammar = llguidance.LLMatcher.grammar_from_regex(spec.source)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    if is_error:
+        raise GrammarError(_describe(spec, messages[0] if messages else "invalid grammar"))
+    if spec.kind == "lark":
+        rule = unproductive_start(spec.source)
+        if rule is not None:
+            raise GrammarError(
+                f"The grammar's language is empty: rule '{rule}' can never finish (every alternative recurses)."
+            )
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise GrammarError(_describe(spec, matcher.get_error()))
+    mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32)
+    if matcher.is_error() or not mask.any():
+        raise GrammarError("The grammar's language is empty: no output can ever match it.")
+    return grammar
+
+
+_POSITION = re.compile(r"(?:at )?(\d+)\((\d+)\):\s*")
+
+
+def _describe(spec: GrammarSpec, message: str) -> str:
+    """llguidance's message, with its `line(column):` prefix spelled out; Unsatisfiable schemas say so."""
+    message = message.strip()
+    if spec.kind == "json_schema":
+        if message.startswith("Unsatisfiable schema"):
+            return f"The schema's language is empty: {message.split(':', 1)[-1].strip()}."
+        return f"Invalid schema: {message}."
+    if spec.kind == "regex":
+        # llguidance wraps the regex as `start: /.../`; regex-syntax draws a caret under the error.
+        lines = message.splitlines()
+        summary = next((line.removeprefix("error: ") for line in lines if line.startswith("error:")), lines[-1])
+        for i, line in enumerate(lines[1:], start=1):
+            if line.strip() == "^" and i >= 1:
+                column = line.index("^") - 3
+                return f"Invalid regex at line 1, column {max(column, 1)}: {summary}."
+        return f"Invalid regex: {summary}."
+    match = _POSITION.match(message)
+    if match:
+        detail = message[match.end() :].splitlines()[0]
+        return f"Invalid Lark grammar at line {match.group(1)}, column {match.group(2)}: {detail}"
+    return f"Invalid Lark grammar: {message.splitlines()[0]}"
