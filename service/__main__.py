@@ -1,4 +1,8 @@
-"""Command line: serve, migrate, model …, inspect, rebuild-projections."""
+"""Command line: serve, migrate, model …, inspect, rebuild-projections.
+
+What goes wrong in the user's setup (a bad setting, a database that cannot be opened, a model
+directory that cannot be served, a response that does not exist) ends the command with one line
+on stderr and exit status 1; Ctrl+C with status 130. Tracebacks are for bugs."""
 
 from __future__ import annotations
 
@@ -8,7 +12,13 @@ import json
 import logging
 import sys
 
+from pydantic import ValidationError
+
 from service.config import Settings
+
+
+class CommandError(Exception):
+    """A failure the person running the command can fix; its message is printed as it is."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,30 +39,42 @@ def main(argv: list[str] | None = None) -> int:
 
     add_model_commands(commands)
     args = parser.parse_args(argv)
-    settings = Settings.from_env()
+    from service.engine.model_files import ModelDirError
+    from service.store.db import DatabaseUnavailable
 
+    try:
+        return _run(args)
+    except (CommandError, DatabaseUnavailable, ModelDirError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def settings_from_env() -> Settings:
+    try:
+        return Settings.from_env()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = "SERVICE_" + "_".join(str(part) for part in error["loc"]).upper()
+            problems.append(f"{name}={error.get('input')!r}: {error['msg']}")
+        raise CommandError("bad setting: " + "; ".join(problems)) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "model":
+        from service.engine.cli import run_model_command
+
+        return run_model_command(args)
+    settings = settings_from_env()
     if args.command == "serve":
-        import uvicorn
-
-        from service.app import begin_drain, create_app
-
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        app = create_app(settings)
-
-        class DrainingServer(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: object) -> None:
-                asyncio.get_event_loop().create_task(begin_drain(app))
-                super().handle_exit(sig, frame)  # type: ignore[arg-type]
-
-        config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10
-        )
-        DrainingServer(config).run()
-        return 0
+        return _serve(settings, args)
     if args.command == "migrate":
         from service.store.db import migrate_sync
 
-        migrate_sync(settings.database_url)
+        print(migrate_sync(settings.database_url).describe())
         return 0
     if args.command == "rebuild-projections":
         from service.store.rebuild import rebuild_projections
@@ -61,16 +83,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rebuilt {count} responses")
         return 0
     if args.command == "inspect":
+        from service.store.db import current_revision, describe_url
         from service.store.rebuild import inspect_response
 
-        print(json.dumps(asyncio.run(inspect_response(settings.database_url, args.response_id)), indent=2))
+        if asyncio.run(current_revision(settings.database_url)) is None:
+            url = describe_url(settings.database_url)
+            raise CommandError(f"{url} has no tables yet (run `python -m service migrate` first)")
+        record = asyncio.run(inspect_response(settings.database_url, args.response_id))
+        if record["response"] is None and not record["events"]:
+            raise CommandError(f"response {args.response_id} not found")
+        print(json.dumps(record, indent=2))
         return 0
-    if args.command == "model":
-        from service.engine.cli import run_model_command
+    raise CommandError(f"unknown command {args.command}")
 
-        return run_model_command(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    """Open the database and load the model before the server starts, so that a setup problem is one
+    line here instead of a traceback from inside the server's start-up."""
+    import uvicorn
+
+    from service.app import begin_drain, create_app
+    from service.models import load_runtime
+    from service.store.db import migrate_sync
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger(__name__).info("database %s", migrate_sync(settings.database_url).describe())
+    app = create_app(settings, runtime=load_runtime(settings))
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            asyncio.get_event_loop().create_task(begin_drain(app))
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    server = DrainingServer(config)
+    server.run()
+    return 0 if server.started else 1  # uvicorn logged why it could not start
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from service.engine.config import read_config
 from service.engine.cpu import cpu_features
-from service.engine.quantize import find_model_file
+from service.engine.model_files import find_model_file
 
 _REPORTED_OPS = (
     "MatMulInteger",
@@ -49,7 +49,8 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         "chat_format": meta.extra.get("chat_format"),
         "quantization": meta.extra.get("quantization"),
         "decoder": meta.decoder.to_dict(),
-        "parameters": meta.decoder.parameter_count(),
+        # genai_config.json does not give the MLP width: no count then
+        "parameters": meta.decoder.parameter_count() if meta.decoder.intermediate_size else None,
         "stored_weight_elements": weights,
         "size_bytes": stored,
         "op_counts": {op: ops[op] for op in _REPORTED_OPS if ops[op]},
