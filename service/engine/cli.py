@@ -102,7 +102,7 @@ def _build_default(args: argparse.Namespace) -> int:
 def _quantize(args: argparse.Namespace) -> int:
     out = quantize_model(args.src, args.dst)
     scheme = read_config(out).extra["quantization"]["scheme"]
-    print(f"{out}: {scheme}; copied {', '.join(sorted(p.name for p in out.iterdir()))}")
+    print(f"{out}: int8 ({scheme}); files: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
 
 
