@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
+from collections.abc import Iterator
 
 from pydantic import ValidationError
 
@@ -107,8 +110,10 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from service.store.db import migrate_sync
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger(__name__).info("database %s", migrate_sync(settings.database_url).describe())
-    app = create_app(settings, runtime=load_runtime(settings))
+    with _remembering_ctrl_c():
+        logging.getLogger(__name__).info("database %s", migrate_sync(settings.database_url).describe())
+        runtime = load_runtime(settings)
+    app = create_app(settings, runtime=runtime)
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: object) -> None:
@@ -119,6 +124,26 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     server = DrainingServer(config)
     server.run()
     return 0 if server.started else 1  # uvicorn logged why it could not start
+
+
+@contextlib.contextmanager
+def _remembering_ctrl_c() -> Iterator[None]:
+    """Ctrl+C raises KeyboardInterrupt as usual, and is also remembered: a library that swallows the
+    exception (some C extensions drop it when they check for signals) cannot make the command go on."""
+    pressed = False
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        nonlocal pressed
+        pressed = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

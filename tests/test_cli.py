@@ -135,7 +135,8 @@ def test_ctrl_c_while_the_model_is_being_built(tmp_path: Path) -> None:
         assert process.wait(timeout=60) == 130
     text = log.read_text()
     assert "Traceback" not in text and text.strip().splitlines()[-1] == "interrupted", text[-3000:]
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # no half-built model left behind
+    # No half-built model left behind (the build may have finished before the signal was acted on).
+    assert not list((tmp_path / "cache").glob(".builtin-*"))
 
 
 def test_an_installed_wheel_can_migrate(tmp_path: Path) -> None:
