@@ -5,6 +5,7 @@ an installed wheel (not the checkout) can migrate a database."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -179,3 +180,12 @@ def test_an_installed_wheel_can_migrate(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "migrated from revision (empty database) to 0001 (head)" in result.stdout
     assert (work / "fresh.db").exists() and not (ROOT / "fresh.db").exists()
+
+
+def test_the_readme_documents_every_setting() -> None:
+    from service.config import Settings
+
+    documented = set(re.findall(r"^\| `(SERVICE_[A-Z_]+)` \|", (ROOT / "README.md").read_text(), flags=re.MULTILINE))
+    assert {f"SERVICE_{name.upper()}" for name in Settings.model_fields} <= documented
+    used = set(re.findall(r"SERVICE_[A-Z_]+[A-Z]", "".join(p.read_text() for p in (ROOT / "service").rglob("*.py"))))
+    assert used <= documented, used - documented
