@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
 from service.engine.cli import SHAPES, shape_config
-from service.engine.config import HARMONY_VOCAB_SIZE, DecoderConfig, read_config
+from service.engine.config import HARMONY_VOCAB_SIZE, DecoderConfig, ModelMeta, read_config, write_config
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 from tests.api_helpers import assert_well_formed_stream, client_for, final_text, text_from_deltas
@@ -251,3 +251,6 @@ def test_bad_model_directories_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "model.onnx").write_bytes(b"not a graph")
     (tmp_path / "genai_config.json").write_text('{"model": {}}')
     assert_one_line_error(run_cli("model", "info", str(tmp_path)), "genai_config.json does not describe a decoder")
+    (tmp_path / "genai_config.json").unlink()
+    write_config(tmp_path, ModelMeta(SMALL, {"chat_format": "harmony"}))
+    assert_one_line_error(run_cli("model", "info", str(tmp_path)), "model.onnx is not an ONNX graph")

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from service.engine.config import read_config
 from service.engine.cpu import cpu_features
-from service.engine.model_files import find_model_file
+from service.engine.model_files import ModelDirError, find_model_file
 
 _REPORTED_OPS = (
     "MatMulInteger",
@@ -35,7 +35,10 @@ def model_info(model_dir: Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
     path = find_model_file(model_dir)
     meta = read_config(model_dir)
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not a graph
+        raise ModelDirError(f"{path} is not an ONNX graph: {' '.join(str(exc).split())}") from exc
     ops = Counter(n.op_type for n in model.graph.node)
     stored = sum(f.stat().st_size for f in model_dir.iterdir() if f.is_file())
     weights = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
