@@ -2,7 +2,7 @@
 PostgreSQL goes through asyncpg.
 
 The migration scripts live in the repository's `migrations/` (where `alembic.ini` points) and are
-shipped inside the package as `service.migrations` (see pyproject.toml), which is where this module
+shipped inside the package as `service.migrations` (see setup.py), which is where this module
 finds them, so an installed wheel migrates as well as a checkout does."""
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ def _unavailable(url: str, error: BaseException) -> DatabaseUnavailable:
     reason = error.orig if isinstance(error, exc.DBAPIError) and error.orig is not None else error
     text = " ".join(str(reason).split()) or type(reason).__name__
     hint = ""
-    if "does not exist" in text and not is_sqlite(url):
-        hint = f" (create it first: createdb {make_url(url).database})"
+    database = make_url(url).database
+    if not is_sqlite(url) and f'database "{database}" does not exist' in text:
+        hint = f" (create it first: createdb {database})"
     elif is_sqlite(url) and "unable to open" in text:
         hint = " (does the directory exist and is it writable?)"
     return DatabaseUnavailable(f"cannot open the database {describe_url(url)}: {text}{hint}")
