@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     from service.store.db import DatabaseUnavailable
 
     try:
-        return _run(args)
+        with _remembering_ctrl_c():
+            return _run(args)
     except (CommandError, DatabaseUnavailable, ModelDirError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -110,7 +112,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from service.store.db import migrate_sync
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with _remembering_ctrl_c():
+    with _remembering_ctrl_c():  # checked when start-up ends, before the server takes SIGINT over
         logging.getLogger(__name__).info("database %s", migrate_sync(settings.database_url).describe())
         runtime = load_runtime(settings)
     app = create_app(settings, runtime=runtime)
@@ -128,20 +130,29 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _remembering_ctrl_c() -> Iterator[None]:
-    """Ctrl+C raises KeyboardInterrupt as usual, and is also remembered: a library that swallows the
-    exception (some C extensions drop it when they check for signals) cannot make the command go on."""
+    """Ctrl+C raises KeyboardInterrupt as usual, and is also remembered, so that it still ends the
+    command when the exception is swallowed: raised inside a garbage-collection callback, Python
+    reports it as "Exception ignored" and goes on (that report is silenced here). Checked when the
+    block ends; uvicorn, which takes SIGINT over while it serves, re-raises it here when it stops."""
     pressed = False
+    default_hook = sys.unraisablehook
 
     def on_sigint(_signum: int, _frame: object) -> None:
         nonlocal pressed
         pressed = True
         raise KeyboardInterrupt
 
+    def quiet(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            default_hook(unraisable)
+
     previous = signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = quiet
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = default_hook
     if pressed:
         raise KeyboardInterrupt
 

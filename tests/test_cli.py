@@ -135,7 +135,8 @@ def test_ctrl_c_while_the_model_is_being_built(tmp_path: Path) -> None:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 130
     text = log.read_text()
-    assert "Traceback" not in text and text.strip().splitlines()[-1] == "interrupted", text[-3000:]
+    assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
+    assert text.strip().splitlines()[-1] == "interrupted", text[-3000:]
     # No half-built model left behind (the build may have finished before the signal was acted on).
     assert not list((tmp_path / "cache").glob(".builtin-*"))
 

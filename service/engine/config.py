@@ -107,7 +107,7 @@ class ModelMeta:
         return {**self.decoder.to_dict(), **self.extra}
 
     def to_json(self) -> str:
-        return json.dumps({**self.decoder.to_dict(), **self.extra}, indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n"
 
 
 def read_config(model_dir: Path) -> ModelMeta:
