@@ -133,7 +133,9 @@ def test_ctrl_c_while_the_model_is_being_built(tmp_path: Path) -> None:
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.01)
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 130
+        # 130, or (rarely, when the interpreter finishes by re-raising the signal) ended by SIGINT: a shell
+        # reports both as 130.
+        assert process.wait(timeout=60) in (130, -signal.SIGINT)
     text = log.read_text()
     assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
     assert text.strip().splitlines()[-1] == "interrupted", text[-3000:]
