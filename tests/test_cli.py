@@ -132,6 +132,7 @@ def test_ctrl_c_while_the_model_is_being_built(tmp_path: Path) -> None:
         while not list((tmp_path / "cache").glob(".builtin-*")):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.01)
+        time.sleep(0.3)  # inside the build, past the creation of its work directory
         process.send_signal(signal.SIGINT)
         # 130, or (rarely, when the interpreter finishes by re-raising the signal) ended by SIGINT: a shell
         # reports both as 130.

@@ -87,10 +87,10 @@ def new_directory(dst: Path) -> Iterator[Path]:
         raise ModelDirError(f"{dst} already exists; choose a new directory")
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary directory
         yield tmp
         if dst.exists():
             dst.rmdir()
