@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("migrate", help="apply database migrations and exit")
     commands.add_parser("rebuild-projections", help="drop and rebuild the responses/conversation tables from the log")
+    commands.add_parser("doctor", help="check the log's invariants and the projections; exit 1 on any problem")
     inspect = commands.add_parser("inspect", help="print a response and its events as JSON")
     inspect.add_argument("response_id")
 
@@ -87,19 +88,34 @@ def _run(args: argparse.Namespace) -> int:
         count = asyncio.run(rebuild_projections(settings.database_url))
         print(f"rebuilt {count} responses")
         return 0
+    if args.command == "doctor":
+        from service.store.doctor import check_database
+
+        _require_migrated(settings.database_url)
+        report = asyncio.run(check_database(settings.database_url))
+        for problem in report.problems:
+            print(f"{problem.response_id}: {problem.what}")
+        verdict = "ok" if not report.problems else f"{len(report.problems)} problem(s)"
+        print(f"{verdict}: {report.responses} responses, {report.events} events checked")
+        return 1 if report.problems else 0
     if args.command == "inspect":
-        from service.store.db import current_revision, describe_url
         from service.store.rebuild import inspect_response
 
-        if asyncio.run(current_revision(settings.database_url)) is None:
-            url = describe_url(settings.database_url)
-            raise CommandError(f"{url} has no tables yet (run `python -m service migrate` first)")
+        _require_migrated(settings.database_url)
         record = asyncio.run(inspect_response(settings.database_url, args.response_id))
         if record["response"] is None and not record["events"]:
             raise CommandError(f"response {args.response_id} not found")
         print(json.dumps(record, indent=2))
         return 0
     raise CommandError(f"unknown command {args.command}")
+
+
+def _require_migrated(database_url: str) -> None:
+    """For the commands that only read: the database is reachable and has the service's tables."""
+    from service.store.db import current_revision, describe_url
+
+    if asyncio.run(current_revision(database_url)) is None:
+        raise CommandError(f"{describe_url(database_url)} has no tables yet (run `python -m service migrate` first)")
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:

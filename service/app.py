@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -15,17 +16,18 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.commands import Commands
 from service.config import Settings
-from service.errors import ApiError, NotFound, ServerError, Unauthorized
+from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable, Unauthorized
 from service.http.routes import routes
 from service.model_runtime import ModelRuntime
 from service.models import load_runtime
 from service.notify import Notifier
 from service.runs import RunSupervisor
 from service.store.db import create_engine, is_sqlite, migrate
+from service.store.faults import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await migrate(settings.database_url)
-        db = create_engine(settings.database_url)
+        db = create_engine(settings.database_url, busy_timeout=min(30.0, settings.store_outage_seconds))
         model = runtime or load_runtime(settings)
         notifier = Notifier()
         if not is_sqlite(settings.database_url):
@@ -60,8 +62,8 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error},
+        middleware=[Middleware(UnexpectedErrorMiddleware), Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )
 
 
@@ -77,23 +79,61 @@ async def begin_drain(app: Starlette) -> None:
 
 async def _api_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status_code)
+    headers = {"Allow": ", ".join(exc.allow)} if isinstance(exc, MethodNotAllowed) else None
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
 
-async def _http_error(_request: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 (no route, or a route without this method), in OpenAI's error shape."""
     assert isinstance(exc, HTTPException)
+    endpoint = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
-        return JSONResponse(NotFound("Unknown URL.").body(), status_code=404)
+        return JSONResponse(NotFound(f"Unknown endpoint: {endpoint}. This server has no such route.").body(), 404)
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow", "")
+        error = MethodNotAllowed(
+            f"Method {request.method} is not allowed on {request.url.path}; allowed: {allow}.", allow=allow.split(", ")
+        )
+        return await _api_error(request, error)
     body: dict[str, Any] = {
         "error": {"message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
     }
-    return JSONResponse(body, status_code=exc.status_code)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
-async def _unexpected_error(_request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error", exc_info=exc)
-    error = ServerError("The server had an error while processing your request.")
-    return JSONResponse(error.body(), status_code=500)
+class UnexpectedErrorMiddleware:
+    """A bug answers 500 in OpenAI's error shape and keeps the keep-alive connection usable
+    (Starlette's own handler re-raises, and the server then drops the connection)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            if started:
+                raise  # a stream already under way: ending the connection is the only signal left
+            if is_transient(exc):
+                log.warning("store unavailable: %s", exc)
+                unavailable = StoreUnavailable("The event store is unavailable; retry shortly.")
+                reply = JSONResponse(unavailable.body(), status_code=503, headers={"Retry-After": "1"})
+            else:
+                log.exception("unhandled error", exc_info=exc)
+                error = ServerError("The server had an error while processing your request.")
+                reply = JSONResponse(error.body(), status_code=500)
+            await reply(scope, receive, send)
 
 
 class ApiKeyMiddleware:
@@ -106,7 +146,9 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api_key and scope["type"] == "http" and scope["path"].startswith("/v1/"):
             headers = dict(scope["headers"])
-            if headers.get(b"authorization", b"").decode() != f"Bearer {self.api_key}":
+            # Compared as bytes: a header that is not UTF-8 (Latin-1, say) is simply a wrong key.
+            expected = b"Bearer " + self.api_key.encode()
+            if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
                 response = JSONResponse(Unauthorized().body(), status_code=401)
                 await response(scope, receive, send)
                 return

@@ -6,8 +6,9 @@ import asyncio
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
@@ -19,6 +20,7 @@ from service.protocol import (
     TERMINAL_STATUSES,
     CreateResponseRequest,
     initial_response,
+    is_response_id,
     new_response_id,
     normalize_input,
     wants_logprobs,
@@ -57,29 +59,24 @@ class Commands:
         if request.previous_response_id is not None:
             history = await self._history(request.previous_response_id)
 
+        _check_call_ids(history, input_items)
+
         tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
         effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
-        prompt_request = PromptRequest(
-            items=history + input_items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
+        prompt_request, prompt_ids = await self._render_to_fit(
+            history + input_items, request, tools=tools, effort=effort
         )
-        prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
         room = self.runtime.engine.max_context - len(prompt_ids)
-        if room < 1:
-            raise InvalidRequest(
-                f"The prompt is {len(prompt_ids)} tokens; "
-                f"this model's context holds {self.runtime.engine.max_context}.",
-                param="input",
-                code="context_length_exceeded",
-            )
-        max_new = min(request.max_output_tokens or self.settings.max_output_tokens_default, room)
+        # Like OpenAI: without max_output_tokens a run may use what remains of the context window.
+        cap = request.max_output_tokens or self.settings.max_output_tokens_default or room
+        max_new = min(cap, room)
 
-        created_at = time.time()
         response = initial_response(
             request,
             response_id=response_id,
             model=self.runtime.model_id,
-            created_at=created_at,
-            max_output_tokens=max_new,
+            created_at=int(time.time()),
+            max_output_tokens=None,
         )
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         fact = {
@@ -91,6 +88,8 @@ class Commands:
             "reasoning_effort": effort,
             "prompt_token_ids": prompt_ids,
             "input_item_count": len(input_items),
+            # truncation='auto' may have dropped some of them from the prompt: keep them for the projections.
+            **({"input_items": input_items} if prompt_request.items[-len(input_items) :] != input_items else {}),
             "store": request.store,
             "logprobs": wants_logprobs(request),
             "sampling": sampling_fact(
@@ -115,7 +114,44 @@ class Commands:
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
 
+    async def _render_to_fit(
+        self,
+        items: list[dict[str, Any]],
+        request: CreateResponseRequest,
+        *,
+        tools: list[Any],
+        effort: Literal["low", "medium", "high"],
+    ) -> tuple[PromptRequest, list[int]]:
+        """Render the prompt; with truncation='auto', drop the oldest items until it leaves room to generate."""
+        context = self.runtime.engine.max_context
+        while True:
+            prompt_request = PromptRequest(
+                items=items, instructions=request.instructions, tools=tuple(tools), reasoning_effort=effort
+            )
+            try:
+                prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
+            except (ValueError, jinja2.TemplateError) as exc:
+                # The model's prompt format cannot express this input (e.g. its chat template refuses it).
+                raise InvalidRequest(
+                    f"This model's prompt format cannot render the input: {exc}", param="input"
+                ) from None
+            if len(prompt_ids) < context:
+                return prompt_request, prompt_ids
+            shorter = _drop_oldest(items)
+            if request.truncation != "auto" or not shorter:
+                raise InvalidRequest(
+                    f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}."
+                    + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
+                    param="input",
+                    code="context_length_exceeded",
+                )
+            items = shorter
+
     async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
+        if not is_response_id(previous_response_id):
+            raise NotFound(
+                f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
+            )
         async with self.db.connect() as connection:
             previous = await read_models.get_response(connection, previous_response_id)
             if previous is None or previous.get("store") is False:
@@ -154,21 +190,37 @@ class Commands:
             await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
         return await self.get(response_id)
 
-    async def cancel_foreground(self, response_id: str) -> None:
-        """The client of a plain or streaming request went away: record the run as cancelled."""
+    async def cancel_foreground(self, response_id: str, *, forget: bool = False) -> None:
+        """The client of a plain or streaming request went away: record the run as cancelled.
+        `forget` (store=false): delete the response as soon as its run has ended."""
         async with self.db.connect() as connection:
             run = await leases.get_run(connection, response_id)
         if run is not None and not run.done:
             await recorder.request_cancel(self.db, response_id)
             self.supervisor.wake()
+        if forget:
+            await self._wait_until_done(response_id)
+            await self.forget_unstored(response_id)
+
+    async def _wait_until_done(self, response_id: str) -> None:
+        # The owner ends a cancelled run within a step; a dead owner's run ends when it is claimed.
+        deadline = time.monotonic() + self.settings.lease_seconds * 2 + 5
+        while time.monotonic() < deadline:
+            async with self.db.connect() as connection:
+                run = await leases.get_run(connection, response_id)
+            if run is None or run.done:
+                return
+            await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
 
     async def delete(self, response_id: str) -> None:
-        if not await recorder.delete_response(self.db, response_id):
+        if not is_response_id(response_id) or not await recorder.delete_response(self.db, response_id):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         await self.notifier.publish([response_id])
 
     async def get(self, response_id: str) -> dict[str, Any]:
         """A stored response as clients see it; store=false responses are never visible."""
+        if not is_response_id(response_id):
+            raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         async with self.db.connect() as connection:
             response = await read_models.get_response(connection, response_id)
         if response is None or response.get("store") is False:
@@ -178,3 +230,25 @@ class Commands:
     async def forget_unstored(self, response_id: str) -> None:
         """store=false: the client has read the end, so the response is deleted."""
         await recorder.delete_response(self.db, response_id)
+
+
+def _drop_oldest(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items without the oldest one; a function call's output never outlives its call."""
+    oldest, rest = items[0], items[1:]
+    if oldest.get("type") == "function_call":
+        rest = [item for item in rest if item.get("call_id") != oldest.get("call_id")]
+    return rest
+
+
+def _check_call_ids(history: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
+    """A function_call_output must answer a function call of this conversation (earlier or in the input)."""
+    known = {item.get("call_id") for item in history if item.get("type") == "function_call"}
+    for index, item in enumerate(input_items):
+        if item.get("type") == "function_call":
+            known.add(item.get("call_id"))
+        elif item.get("type") == "function_call_output" and item.get("call_id") not in known:
+            raise InvalidRequest(
+                f"No tool call found for function call output with call_id '{item.get('call_id')}'.",
+                param=f"input[{index}].call_id",
+                code="invalid_value",
+            )

@@ -37,6 +37,21 @@ class PayloadTooLarge(ApiError):
         super().__init__(message, code="payload_too_large")
 
 
+class UnsupportedMediaType(ApiError):
+    status_code = 415
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="unsupported_media_type")
+
+
+class MethodNotAllowed(ApiError):
+    status_code = 405
+
+    def __init__(self, message: str, *, allow: list[str]) -> None:
+        super().__init__(message, code="method_not_allowed")
+        self.allow = allow
+
+
 class Unauthorized(ApiError):
     status_code = 401
     error_type = "authentication_error"
@@ -56,3 +71,11 @@ class ShuttingDown(ApiError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="shutting_down")
+
+
+class StoreUnavailable(ApiError):
+    status_code = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="store_unavailable")

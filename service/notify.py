@@ -29,6 +29,9 @@ class Notifier:
     def __init__(self) -> None:
         self._waiters: dict[str, set[_Waiter]] = defaultdict(set)
         self._pg_connection: Any = None
+        self._dsn = ""
+        self._closed = False
+        self._reconnecting: asyncio.Task[None] | None = None
 
     def publish_local(
         self, response_ids: Iterable[str], committed: Mapping[str, Sequence[StoredEvent]] | None = None
@@ -72,20 +75,52 @@ class Notifier:
         return waiter.events
 
     async def start_postgres(self, dsn: str) -> None:
-        """LISTEN for other replicas' commits (asyncpg DSN, no SQLAlchemy driver suffix)."""
+        """LISTEN for other replicas' commits (asyncpg DSN, no SQLAlchemy driver suffix). A lost
+        listener connection is re-established in the background; meanwhile tails poll."""
+        self._dsn = dsn
+        if not await self._listen():
+            log.warning("LISTEN/NOTIFY unavailable for now; SSE tailing polls until it connects")
+            self._reconnect_soon()
+
+    async def _listen(self) -> bool:
         import asyncpg  # only on PostgreSQL
 
         try:
-            self._pg_connection = await asyncpg.connect(dsn)
-            await self._pg_connection.add_listener(CHANNEL, self._on_pg_notify)
+            connection = await asyncpg.connect(self._dsn, timeout=5)
+            await connection.add_listener(CHANNEL, self._on_pg_notify)
+            connection.add_termination_listener(self._on_pg_terminated)
         except Exception:  # noqa: BLE001 - polling still works without it
-            log.warning("LISTEN/NOTIFY unavailable; SSE tailing falls back to polling", exc_info=True)
-            self._pg_connection = None
+            return False
+        self._pg_connection = connection
+        return True
+
+    def _on_pg_terminated(self, _connection: Any) -> None:
+        self._pg_connection = None
+        if not self._closed:
+            self._reconnect_soon()
+
+    def _reconnect_soon(self) -> None:
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        attempt = 0
+        while not self._closed:
+            await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            attempt += 1
+            if await self._listen():
+                log.warning("LISTEN/NOTIFY reconnected")
+                # Signals sent while we were away are lost: every tail re-reads the log now.
+                self.wake_all()
+                return
 
     def _on_pg_notify(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
         self.publish_local(payload.split(","))
 
     async def close(self) -> None:
+        self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
         if self._pg_connection is not None:
             with contextlib.suppress(Exception):
                 await self._pg_connection.close()

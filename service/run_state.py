@@ -47,6 +47,7 @@ class ActiveRun:
     generated: int
     pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
     cancel_requested: bool = False
+    token_facts: int = 0  # `tokens` facts logged or queued for this run
 
     @property
     def prompt_tokens(self) -> int:
@@ -54,7 +55,12 @@ class ActiveRun:
 
     def write(self) -> RunWrite:
         pending, self.pending = self.pending, []
-        return RunWrite(self.response_id, events=pending, output_ordinal_base=self.fact["input_item_count"])
+        return RunWrite(
+            self.response_id,
+            events=pending,
+            output_ordinal_base=self.fact["input_item_count"],
+            token_facts_before=self.token_facts,
+        )
 
     def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
         write.events += new_events
@@ -104,7 +110,19 @@ def replay_run(
             generated += 1
     if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
         raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")
-    return ActiveRun(response_id, fact, builder, parser, project(logged), generated, pending=regenerated[len(logged) :])
+    pending = regenerated[len(logged) :]
+    # The projection includes what is about to be appended (a queued run's `response.in_progress`),
+    # so the row written with it says in_progress.
+    return ActiveRun(
+        response_id,
+        fact,
+        builder,
+        parser,
+        project(logged + pending),
+        generated,
+        pending=pending,
+        token_facts=len(token_facts),
+    )
 
 
 def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:

@@ -25,10 +25,13 @@ from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import project
 from service.prompting.base import MalformedOutput
+from service.protocol import TERMINAL_EVENT_TYPES
 from service.run_state import ActiveRun, prompt_request_from_fact, replay_run, stored
 from service.store import event_log, leases, recorder
+from service.store.db import checkpoint_when_idle
+from service.store.faults import backoff_seconds, is_transient
 from service.store.leases import ClaimedRun
-from service.store.recorder import RunWrite
+from service.store.recorder import RunWrite, StepOutcome
 from service.stream_builder import Ending, StreamBuilder
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,12 @@ T = TypeVar("T")
 
 # Steps that may wait for a slow database before the engine waits too (bounds memory).
 MAX_BACKLOG_STEPS = 16
+# How often an idle worker truncates SQLite's WAL (see store.db.checkpoint_when_idle).
+CHECKPOINT_INTERVAL_SECONDS = 30.0
+
+
+class _GaveUp(Exception):
+    """A commit abandoned while shutting down; the log still holds everything committed."""
 
 
 class RunSupervisor:
@@ -96,6 +105,7 @@ class RunSupervisor:
     # -- the loop --------------------------------------------------------------------------
     async def _loop(self) -> None:
         next_claim = 0.0
+        next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_SECONDS
         while not self._stopping:
             try:
                 # Look for work when woken (new run, cancel) or every claim interval; not every step.
@@ -105,6 +115,9 @@ class RunSupervisor:
                     next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
                     await self._drain(wait=True)
+                    if time.monotonic() >= next_checkpoint:
+                        next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_SECONDS
+                        await checkpoint_when_idle(self.db)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.settings.claim_interval_seconds)
                     continue
@@ -165,6 +178,8 @@ class RunSupervisor:
 
     async def _resume(self, claimed: ClaimedRun) -> None:
         rid = claimed.response_id
+        if rid in self.active:
+            return  # ours already: its lease lapsed while the store was away, and the claim renewed it
         facts, logged = await self._read_log(rid)
         request_facts = [f.data for f in facts if f.kind == "request"]
         if not request_facts or not logged:
@@ -195,7 +210,9 @@ class RunSupervisor:
                 self.runtime.engine.add_sequence, rid, fact["prompt_token_ids"], params, constraint, tokens
             )
         except EngineError as exc:
-            await self._commit_alone(run, "failed", {"code": "context_length_exceeded", "message": str(exc)})
+            too_long = len(fact["prompt_token_ids"]) + len(tokens) >= self.runtime.engine.max_context
+            code = "context_length_exceeded" if too_long else "model_error"
+            await self._commit_alone(run, "failed", {"code": code, "message": str(exc)})
             return
         self.active[rid] = run
         if run.pending:
@@ -233,6 +250,7 @@ class RunSupervisor:
         write = run.write()
         logprobs = [self._logprob_entry(output)] if run.fact.get("logprobs") else None
         write.facts.append(("tokens", {"ids": [output.token_id], **({"logprobs": logprobs} if logprobs else {})}))
+        run.token_facts += 1
         run.generated += 1
         try:
             chunks = run.parser.feed(output.token_id)
@@ -257,20 +275,21 @@ class RunSupervisor:
         }
 
     async def _commit(self, writes: list[RunWrite]) -> None:
+        """Commit one group of writes; never raises.
+
+        Transient store faults are waited out: the engine pauses once the backlog is full, so no
+        token is ever sent before it is logged and memory stays bounded. Past
+        `store_outage_seconds`, foreground runs are failed (their terminal events are logged when
+        the store returns); background runs wait however long it takes. A write the database
+        refuses for its content fails its own run only."""
         if not writes:
             return
         try:
-            outcome = await recorder.commit_step(self.db, self.owner, writes, lease_seconds=self.settings.lease_seconds)
-        except Exception:
-            # Memory is now ahead of the log. Forget these runs and hand them back: they are
-            # claimed again and rebuilt from what was committed, so the stream stays contiguous.
-            log.exception("commit failed; handing %d run(s) back to the log", len(writes))
-            for write in writes:
-                self._backlog.pop(write.response_id, None)
-                await self._drop(write.response_id)
-            with contextlib.suppress(Exception):
-                await recorder.release(self.db, self.owner, [w.response_id for w in writes])
+            outcome = await self._commit_retrying(writes)
+        except _GaveUp:
             return
+        except Exception:
+            outcome = await self._commit_isolated(writes)
         for rid in outcome.lost:
             log.warning("run %s is no longer ours; dropping it", rid)
             self._backlog.pop(rid, None)
@@ -280,6 +299,100 @@ class RunSupervisor:
         await self.notifier.publish(
             committed, {rid: [stored(rid, e) for e in events] for rid, events in committed.items()}
         )
+
+    async def _commit_retrying(self, writes: list[RunWrite]) -> StepOutcome:
+        """commit_step, retried through transient faults; raises what retrying cannot fix."""
+        pending = list(writes)
+        outage_started: float | None = None
+        attempt = 0
+        while True:
+            attempt_started = time.monotonic()
+            try:
+                outcome = await recorder.commit_step(
+                    self.db, self.owner, pending, lease_seconds=self.settings.lease_seconds
+                )
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if self._stopping:
+                    # Shutting down: what is not committed is regenerated by whoever claims the runs.
+                    raise _GaveUp from exc
+                if outage_started is None:
+                    outage_started = attempt_started  # a statement may have waited for a lock first
+                    log.warning("store unavailable (%s); holding %d run(s) until it returns", exc, len(pending))
+                await asyncio.sleep(backoff_seconds(attempt))
+                attempt += 1
+                if time.monotonic() - outage_started > self.settings.store_outage_seconds:
+                    self._fail_foreground_runs()
+                # The cut may have come after COMMIT reached the server: ask the log what landed,
+                # rather than reading our own unique-key conflict as "someone else owns the run".
+                with contextlib.suppress(Exception):
+                    already = await recorder.landed(self.db, pending)
+                    pending = [w for w in pending if w.response_id not in already]
+                if not pending:
+                    outcome = StepOutcome({}, set())
+                    break
+                continue
+            break
+        if outage_started is not None:
+            log.warning("store back after %.1fs", time.monotonic() - outage_started)
+        return outcome
+
+    async def _commit_isolated(self, writes: list[RunWrite]) -> StepOutcome:
+        """The database refused the group: commit each run alone, and fail the one(s) it refuses."""
+        cancels: dict[str, bool] = {}
+        lost: set[str] = set()
+        for write in writes:
+            try:
+                outcome = await self._commit_retrying([write])
+            except _GaveUp:
+                lost.add(write.response_id)
+                continue
+            except Exception as exc:
+                log.exception("the store refused the events of run %s; failing it", write.response_id)
+                lost.add(write.response_id)
+                await self._drop(write.response_id)
+                await self._fail_from_log(write.response_id, f"The run's output could not be stored: {exc}")
+                continue
+            cancels.update(outcome.cancel_requested)
+            lost |= outcome.lost
+        return StepOutcome(cancels, lost)
+
+    def _fail_foreground_runs(self) -> None:
+        """The store has been away too long for clients that are waiting: end their runs. The
+        terminal events queue behind what is already waiting and land when the store returns."""
+        for run in list(self.active.values()):
+            if run.fact.get("request", {}).get("background"):
+                continue
+            self._forget(run.response_id)
+            write = run.write()
+            run.finish(
+                write,
+                "failed",
+                {
+                    "code": "store_unavailable",
+                    "message": f"The event store was unreachable for more than "
+                    f"{self.settings.store_outage_seconds:g}s, so the run was stopped.",
+                },
+            )
+            self._enqueue([write])
+
+    async def _fail_from_log(self, response_id: str, message: str) -> None:
+        """End a run with `response.failed` right after what its log holds."""
+        try:
+            facts, logged = await self._read_log(response_id)
+            fact = next(f.data for f in facts if f.kind == "request")
+            if not logged or logged[-1]["type"] in TERMINAL_EVENT_TYPES:
+                return
+            builder = StreamBuilder(fact["response"], next_sequence_number=len(logged))
+            run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), project(logged), 0)
+            write = run.write()
+            run.finish(write, "failed", {"code": "server_error", "message": message})
+            await self._commit_retrying([write])
+        except Exception:
+            log.exception("could not record the failure of run %s", response_id)
+            return
+        await self.notifier.publish([response_id], {response_id: [stored(response_id, e) for e in write.events]})
 
     def _note_cancels(self, cancel_requested: dict[str, bool]) -> None:
         """Flag owned runs whose cancel was requested; the loop ends them before its next step."""

@@ -88,7 +88,7 @@ class StreamBuilder:
         input_tokens: int,
         output_tokens: int,
         error: dict[str, str] | None = None,
-        completed_at: float | None = None,
+        completed_at: int | None = None,
     ) -> list[Event]:
         """Close any open item and emit the one terminal event."""
         assert not self.finished, "a response has exactly one terminal event"
@@ -102,7 +102,7 @@ class StreamBuilder:
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": input_tokens + output_tokens,
         }
-        self.response["completed_at"] = completed_at if completed_at is not None else time.time()
+        self.response["completed_at"] = completed_at if completed_at is not None else int(time.time())
         if ending == "stop":
             self.response["status"] = "completed"
             out.append(self._event("response.completed", response=self._snapshot()))

@@ -36,7 +36,8 @@ def test_migrate_says_what_it_did(database_url: str) -> None:
 @needs_postgres
 def test_a_postgres_database_that_does_not_exist() -> None:
     url = PG_URL_TEMPLATE.format(db="svc_no_such_database")
-    for command in (["migrate"], ["serve", "--log-level", "warning"], ["rebuild-projections"], ["inspect", "x"]):
+    commands = (["migrate"], ["serve", "--log-level", "warning"], ["rebuild-projections"], ["inspect", "x"], ["doctor"])
+    for command in commands:
         result = run_cli(*command, SERVICE_DATABASE_URL=url)
         assert_one_line_error(result, "svc_no_such_database", "does not exist", "createdb")
 
@@ -82,8 +83,9 @@ def test_a_bad_service_model_is_one_line(tmp_path: Path) -> None:
 
 
 def test_inspect_an_unknown_id(database_url: str) -> None:
-    never_migrated = run_cli("inspect", "resp_nothing", SERVICE_DATABASE_URL=database_url)
-    assert_one_line_error(never_migrated, "no tables yet", "migrate")
+    for command in (["inspect", "resp_nothing"], ["doctor"]):
+        never_migrated = run_cli(*command, SERVICE_DATABASE_URL=database_url)
+        assert_one_line_error(never_migrated, "no tables yet", "migrate")
     assert run_cli("migrate", SERVICE_DATABASE_URL=database_url).returncode == 0
     unknown = run_cli("inspect", "resp_nothing", SERVICE_DATABASE_URL=database_url)
     assert_one_line_error(unknown, "response resp_nothing not found")

@@ -156,3 +156,23 @@ async def test_a_sequence_conflict_drops_only_that_run(harness: Harness) -> None
     assert outcome.lost == {first}
     assert [e["sequence_number"] for e in await _events(harness, second)] == [0, 1, 2]
     assert [e["sequence_number"] for e in await _events(harness, first)] == [0, 1]
+
+
+async def test_an_engine_error_is_not_labelled_a_context_overflow(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service.engine.base import EngineError
+
+    def broken(*_args: Any, **_kwargs: Any) -> None:
+        raise EngineError("token id out of range for vocabulary of 10")
+
+    monkeypatch.setattr(harness.engine, "add_sequence", broken)
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def failed() -> bool:
+        return (await harness.commands.get(rid))["status"] == "failed"
+
+    await _wait(failed)
+    error = (await harness.commands.get(rid))["error"]
+    assert error["code"] == "model_error" and "out of range" in error["message"]

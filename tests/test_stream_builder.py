@@ -15,7 +15,7 @@ from service.stream_builder import StreamBuilder
 def _builder() -> StreamBuilder:
     request = parse_create_request({"input": "hi"})
     return StreamBuilder(
-        initial_response(request, response_id="resp_test", model="m", created_at=1.0, max_output_tokens=10)
+        initial_response(request, response_id="resp_test", model="m", created_at=1, max_output_tokens=10)
     )
 
 
@@ -27,7 +27,7 @@ def _run(builder: StreamBuilder, ending: str = "stop") -> list[dict[str, Any]]:
         [ItemStarted("function_call", name="lookup"), ItemDelta('{"q":'), ItemDelta('"x"}'), ItemEnded()]
     )
     events += builder.feed([ItemStarted("message"), ItemDelta("Hel"), ItemDelta("lo")])
-    events += builder.finish(ending, input_tokens=5, output_tokens=9, completed_at=2.0)  # type: ignore[arg-type]
+    events += builder.finish(ending, input_tokens=5, output_tokens=9, completed_at=2)  # type: ignore[arg-type]
     return events
 
 

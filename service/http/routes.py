@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +11,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from service.commands import Commands
-from service.errors import InvalidRequest, NotFound, PayloadTooLarge, ShuttingDown
+from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
+from service.http.body import json_body
+from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
 from service.store import event_log, read_models
@@ -25,27 +26,9 @@ def _commands(request: Request) -> Commands:
     return commands
 
 
-async def _json_body(request: Request) -> Any:
-    limit: int = request.app.state.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"The request body exceeds {limit} bytes.")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise InvalidRequest(
-            "We could not parse the JSON body of your request. Send valid JSON.", code="invalid_json"
-        ) from None
-
-
 async def create_response(request: Request) -> Response:
     commands = _commands(request)
-    create = parse_create_request(await _json_body(request))
+    create = parse_create_request(await json_body(request))
     created = await commands.create(create)
     if create.stream:
         return _stream(
@@ -54,6 +37,7 @@ async def create_response(request: Request) -> Response:
             after=-1,
             cancel_on_disconnect=not create.background,
             forget_at_end=not create.store,
+            obfuscate=bool(create.stream_options and create.stream_options.include_obfuscation),
         )
     if create.background:
         # The Response as created (queued), like OpenAI: the run may already be further along.
@@ -75,6 +59,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
             after=-1,
             poll_interval=state.settings.poll_interval_seconds,
             draining=state.draining,
+            outage_limit=state.settings.store_outage_seconds + 60,
         ):
             last = stored.payload()  # tail_events ends at the terminal event
         return last
@@ -85,7 +70,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
     for task in (consumer, watcher):
         task.cancel()
     if watcher in done:
-        await commands.cancel_foreground(response_id)
+        await commands.cancel_foreground(response_id, forget=forget_at_end)
         return Response(status_code=499)
     terminal = consumer.result()
     if "response" not in terminal and state.draining.is_set():
@@ -103,7 +88,13 @@ async def _disconnected(request: Request) -> None:
 
 
 def _stream(
-    request: Request, response_id: str, *, after: int, cancel_on_disconnect: bool, forget_at_end: bool = False
+    request: Request,
+    response_id: str,
+    *,
+    after: int,
+    cancel_on_disconnect: bool,
+    forget_at_end: bool = False,
+    obfuscate: bool = False,
 ) -> StreamingResponse:
     state = request.app.state
     commands = _commands(request)
@@ -118,15 +109,20 @@ def _stream(
                 after=after,
                 poll_interval=state.settings.poll_interval_seconds,
                 draining=state.draining,
+                outage_limit=state.settings.store_outage_seconds + 60,
             ):
-                yield sse_frame(stored)
+                yield sse_frame(stored, obfuscate=obfuscate)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
                 await commands.forget_unstored(response_id)
+        except StoreUnavailable:
+            return  # the store is gone for long: end the stream; the client resumes with starting_after
         finally:
             if cancel_on_disconnect and not finished:
                 # We may be inside a cancelled scope: record the cancel from a task of its own.
-                task = asyncio.get_running_loop().create_task(commands.cancel_foreground(response_id))
+                task = asyncio.get_running_loop().create_task(
+                    commands.cancel_foreground(response_id, forget=forget_at_end)
+                )
                 state.background_tasks.add(task)
                 task.add_done_callback(state.background_tasks.discard)
 
@@ -136,19 +132,38 @@ def _stream(
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     commands = _commands(request)
+    stream, after, obfuscate = _flag(request, "stream"), _starting_after(request), _flag(request, "include_obfuscation")
     response = await commands.get(response_id)
-    if request.query_params.get("stream", "false").lower() != "true":
+    if not stream:
         return JSONResponse(response)
-    after = _starting_after(request)
     async with request.app.state.db.connect() as connection:
-        last = await event_log.last_sequence_number(connection, response_id)
-    if after > last:
+        last = await event_log.last_event(connection, response_id)
+    last_number = -1 if last is None else last.sequence_number
+    if after > last_number:
         raise InvalidRequest(
-            f"starting_after={after} is past the last event of this response ({last}).",
+            f"starting_after={after} is past the last event of this response ({last_number}).",
             param="starting_after",
             code="invalid_starting_after",
         )
-    return _stream(request, response_id, after=after, cancel_on_disconnect=False)
+    if last is not None and after == last_number and last.type in TERMINAL_EVENT_TYPES:
+        # Nothing left to send: the stream ends at once.
+        return StreamingResponse(_nothing(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _stream(request, response_id, after=after, cancel_on_disconnect=False, obfuscate=obfuscate)
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""
+
+
+def _flag(request: Request, name: str) -> bool:
+    """A boolean query parameter: 'true' or 'false' (absent = false), nothing else."""
+    values = request.query_params.getlist(name)
+    if not values:
+        return False
+    if len(values) > 1 or values[0] not in ("true", "false"):
+        raise InvalidRequest(f"{name} must be 'true' or 'false', got {values!r}.", param=name, code="invalid_value")
+    return values[0] == "true"
 
 
 def _starting_after(request: Request) -> int:
@@ -182,10 +197,10 @@ async def delete_response(request: Request) -> Response:
 async def list_input_items(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     query = request.query_params
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit") from None
+    raw_limit = query.get("limit", "20")
+    if not (raw_limit.isascii() and raw_limit.isdigit()):
+        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
+    limit = int(raw_limit)
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
     order = query.get("order", "desc")
@@ -263,13 +278,19 @@ async def health(request: Request) -> Response:
     )
 
 
+async def response_resource(request: Request) -> Response:
+    if request.method == "DELETE":
+        return await delete_response(request)
+    return await retrieve_response(request)
+
+
 routes = [
     Route("/v1/responses", create_response, methods=["POST"]),
-    Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
-    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}", response_resource, methods=["GET", "DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/openapi.json", openapi_json, methods=["GET"]),
 ]

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
+import time
 from collections.abc import AsyncIterator
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.errors import StoreUnavailable
 from service.notify import Notifier
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.store import event_log, read_models
 from service.store.event_log import StoredEvent
+from service.store.faults import is_transient
 
 
 async def tail_events(
@@ -21,13 +26,16 @@ async def tail_events(
     after: int,
     poll_interval: float,
     draining: asyncio.Event | None = None,
+    outage_limit: float = 60.0,
 ) -> AsyncIterator[StoredEvent]:
     """Every event with sequence_number > after, in order, ending with the terminal event
     (or when the response is deleted, or the server is shutting down: the client resumes
     elsewhere with starting_after). Events are read from the log, so a client never sees
-    one that is not committed."""
+    one that is not committed. While the store is unreachable the tail waits; after
+    `outage_limit` seconds of it, StoreUnavailable."""
     last = after
     pushed: list[StoredEvent] = []
+    unreachable_since: float | None = None
     while draining is None or not draining.is_set():
         # Events handed over by this process's commit are used directly when they continue the
         # stream without a gap; anything else (another replica, a missed wake-up) reads the log.
@@ -35,10 +43,20 @@ async def tail_events(
         if fresh and fresh[0].sequence_number == last + 1:
             batch = fresh
         else:
-            async with db.connect() as connection:
-                batch = await event_log.read_events(connection, response_id, after=last, limit=500)
-                if not batch and not await read_models.exists(connection, response_id):
-                    return
+            try:
+                async with db.connect() as connection:
+                    batch = await event_log.read_events(connection, response_id, after=last, limit=500)
+                    if not batch and not await read_models.exists(connection, response_id):
+                        return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > outage_limit:
+                    raise StoreUnavailable("The event store is unreachable; retry later.") from exc
+                await asyncio.sleep(poll_interval)
+                continue
+            unreachable_since = None
         for stored in batch:
             if stored.sequence_number != last + 1:
                 break  # a gap: an earlier event is not committed yet; never skip it
@@ -49,5 +67,27 @@ async def tail_events(
         pushed = await notifier.wait(response_id, timeout=poll_interval)
 
 
-def sse_frame(stored: StoredEvent) -> bytes:
-    return f"event: {stored.type}\nid: {stored.sequence_number}\ndata: {stored.data}\n\n".encode()
+# Deltas OpenAI pads with an `obfuscation` field when a stream asks for it.
+_DELTA_TYPES = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+
+
+def sse_frame(stored: StoredEvent, *, obfuscate: bool = False) -> bytes:
+    data = stored.data
+    if obfuscate and stored.type in _DELTA_TYPES:
+        data = _with_obfuscation(data)
+    # U+2028/U+2029 are legal raw in JSON strings but some SSE clients split lines on them.
+    data = data.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return f"event: {stored.type}\nid: {stored.sequence_number}\ndata: {data}\n\n".encode()
+
+
+def _with_obfuscation(data: str) -> str:
+    """Random padding that hides the delta's length; sent, never logged (the log stays deterministic)."""
+    event = json.loads(data)
+    event["obfuscation"] = secrets.token_urlsafe(max(1, 16 - len(event.get("delta", "")) % 16))[:16]
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)

@@ -4,7 +4,7 @@ Shapes follow the OpenAI Responses API as typed by the official `openai` package
 do not implement is rejected with a 400 naming the field, never ignored. Import from here.
 """
 
-from service.protocol.ids import derived_id, new_response_id
+from service.protocol.ids import derived_id, is_response_id, new_response_id
 from service.protocol.items import ConversationItem, InputItem, item_role, item_text
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request, wants_logprobs
 from service.protocol.response import TERMINAL_EVENT_TYPES, TERMINAL_STATUSES, initial_response
@@ -16,6 +16,7 @@ __all__ = [
     "CreateResponseRequest",
     "InputItem",
     "derived_id",
+    "is_response_id",
     "initial_response",
     "item_role",
     "item_text",

@@ -1,4 +1,5 @@
-"""Shared base of the wire models: unknown fields are rejected, never ignored."""
+"""Shared base of the wire models: unknown fields are rejected, never ignored, and values are
+parsed strictly ("5" is not an integer, "true" is not a boolean)."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)

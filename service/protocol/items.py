@@ -10,6 +10,9 @@ from service.protocol.base import Strict
 
 ConversationItem = dict[str, Any]
 
+# Ids are identifiers: printable ASCII, no spaces, and short enough for the item_id column.
+ItemId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")]
+
 
 class TextPart(Strict):
     type: Literal["input_text", "output_text"]
@@ -20,7 +23,7 @@ class TextPart(Strict):
 
 class MessageItem(Strict):
     type: Literal["message"] = "message"
-    id: str | None = None
+    id: ItemId | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextPart]
     status: str | None = None
@@ -28,7 +31,7 @@ class MessageItem(Strict):
 
 class FunctionCallItem(Strict):
     type: Literal["function_call"]
-    id: str | None = None
+    id: ItemId | None = None
     call_id: str
     name: str
     arguments: str
@@ -37,7 +40,7 @@ class FunctionCallItem(Strict):
 
 class FunctionCallOutputItem(Strict):
     type: Literal["function_call_output"]
-    id: str | None = None
+    id: ItemId | None = None
     call_id: str
     output: str
     status: str | None = None
@@ -50,7 +53,7 @@ class ReasoningText(Strict):
 
 class ReasoningItem(Strict):
     type: Literal["reasoning"]
-    id: str | None = None
+    id: ItemId | None = None
     summary: list[Any] = Field(default_factory=list)
     content: list[ReasoningText] | None = None
     encrypted_content: None = None
@@ -75,6 +78,12 @@ def item_text(item: ConversationItem) -> str | None:
     if kind == "function_call_output":
         return str(item.get("output"))
     return None
+
+
+def sql_text(text: str | None) -> str | None:
+    """Text for a plain SQL column: PostgreSQL's text type cannot hold NUL, so it reads as U+FFFD there
+    (the item's JSON in `data` keeps the exact text, escaped)."""
+    return None if text is None else text.replace("\x00", "\ufffd")
 
 
 def item_role(item: ConversationItem) -> str | None:

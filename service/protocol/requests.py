@@ -26,27 +26,62 @@ class ReasoningConfig(Strict):
     summary: None = None
 
 
+class StreamOptions(Strict):
+    # Pads delta events with an `obfuscation` field (random characters) against length side channels.
+    include_obfuscation: bool | None = None
+
+
+# Tool outputs a request may ask to include; no tool that produces them runs here, so they add nothing.
+_NO_OP_INCLUDES = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+]
+
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+
+
 class CreateResponseRequest(Strict):
     model: str | None = None
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
     tools: list[FunctionTool] = Field(default_factory=list)
     tool_choice: Literal["auto", "none", "required"] | FunctionToolChoice = "auto"
     parallel_tool_calls: bool = True
     store: bool = True
     stream: bool = False
+    stream_options: StreamOptions | None = None
     background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    service_tier: Literal["auto", "default"] | None = None
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
-    truncation: Literal["disabled"] | None = None
-    include: list[Literal["message.output_text.logprobs"]] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    include: list[Literal["message.output_text.logprobs"] | _NO_OP_INCLUDES] | None = None
+    # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
+    prompt: None = None
+    conversation: None = None
+    context_management: None = None
+    background_options: None = None
+    prompt_cache_options: None = None
+    moderation: None = None
+    image: None = None
+    access_programs: None = None
     # Extension (not in OpenAI's API): fixes the sampler so a run is reproducible.
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
 
@@ -62,10 +97,50 @@ class CreateResponseRequest(Strict):
         return value
 
 
+# Why each OpenAI parameter without a meaning here is refused when it is set (null is accepted).
+_UNSUPPORTED = {
+    "prompt": "Prompt templates are stored on OpenAI's platform; this server has none. Send the input itself.",
+    "conversation": "Conversations are not supported yet; chain responses with previous_response_id.",
+    "context_management": "Server-side context compaction is not supported; use truncation='auto'.",
+    "background_options": "Background options are not supported; background=true alone is.",
+    "prompt_cache_options": "Prompt cache options are not supported (there is no prompt cache to configure).",
+    "moderation": "This server runs no moderation model.",
+    "image": "This server has no image generation.",
+    "access_programs": "Access programs are an OpenAI platform feature this server does not have.",
+}
+
+# Content part types a message may carry on OpenAI that need a capability this server lacks.
+_UNSUPPORTED_PARTS = {
+    "input_image": "This server has no vision support: input_image content is not accepted.",
+    "input_file": "This server has no file support: input_file content is not accepted.",
+    "input_audio": "This server has no audio support: input_audio content is not accepted.",
+}
+
+
 def parse_create_request(body: Any) -> CreateResponseRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    # null means "the default" for every parameter, as in OpenAI's API.
+    body = {name: value for name, value in body.items() if value is not None}
+    for name, reason in _UNSUPPORTED.items():
+        if name in body:
+            raise InvalidRequest(f"Unsupported parameter: '{name}'. {reason}", param=name, code="unsupported_parameter")
+    if body.get("service_tier") not in (None, "auto", "default"):
+        raise InvalidRequest(
+            f"Unsupported value for 'service_tier': {body['service_tier']!r}. This server has one tier: "
+            "use 'auto' or 'default'.",
+            param="service_tier",
+            code="unsupported_value",
+        )
+    if isinstance(body.get("include"), list) and "reasoning.encrypted_content" in body["include"]:
+        raise InvalidRequest(
+            "'reasoning.encrypted_content' cannot be included: this server does not encrypt reasoning. "
+            "Pass reasoning items back with their content instead.",
+            param="include",
+            code="unsupported_value",
+        )
     if isinstance(body.get("input"), list):
+        _refuse_unsupported_parts(body["input"])
         # OpenAI accepts EasyInputMessage items without a `type`; give them their tag before validation.
         body = {
             **body,
@@ -82,8 +157,6 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         raise _invalid_from_validation(exc) from None
     if request.background and not request.store:
         raise InvalidRequest("background=true requires store=true.", param="background")
-    if isinstance(request.input, list) and not request.input and request.previous_response_id is None:
-        raise InvalidRequest("input must not be empty.", param="input")
     if request.tool_choice not in ("auto", "none"):
         # Forcing a call would need the decoder constrained to it; we do not pretend to.
         raise InvalidRequest(
@@ -92,6 +165,19 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
             code="unsupported_value",
         )
     return request
+
+
+def _refuse_unsupported_parts(items: list[Any]) -> None:
+    for index, item in enumerate(items):
+        content = item.get("content") if isinstance(item, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part_index, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in _UNSUPPORTED_PARTS:
+                raise InvalidRequest(
+                    _UNSUPPORTED_PARTS[kind], param=f"input[{index}].content[{part_index}]", code="unsupported_content"
+                )
 
 
 def _invalid_from_validation(exc: ValidationError) -> InvalidRequest:

@@ -8,35 +8,45 @@ from service.protocol.requests import CreateResponseRequest
 
 
 def initial_response(
-    request: CreateResponseRequest, *, response_id: str, model: str, created_at: float, max_output_tokens: int
+    request: CreateResponseRequest, *, response_id: str, model: str, created_at: int, max_output_tokens: int | None
 ) -> dict[str, Any]:
-    """The Response object as it stands before generation starts."""
+    """The Response object as it stands before generation starts: every field of OpenAI's Response
+    (and the Open Responses ResponseResource), echoing what the request set or the defaults used."""
     return {
         "id": response_id,
         "object": "response",
         "created_at": created_at,
         "status": "queued" if request.background else "in_progress",
         "background": request.background,
+        "conversation": None,  # conversations are not supported (a request naming one is a 400)
         "error": None,
         "incomplete_details": None,
         "instructions": request.instructions,
-        "max_output_tokens": request.max_output_tokens or max_output_tokens,
+        "max_output_tokens": request.max_output_tokens if request.max_output_tokens is not None else max_output_tokens,
+        "max_tool_calls": request.max_tool_calls,
         "metadata": request.metadata or {},
         "model": model,
         "output": [],
         "parallel_tool_calls": request.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
+        "prompt": None,  # stored prompt templates are not supported (a request naming one is a 400)
+        "prompt_cache_key": request.prompt_cache_key,
+        "prompt_cache_retention": request.prompt_cache_retention,
         "reasoning": {"effort": (request.reasoning.effort if request.reasoning else None), "summary": None},
+        "safety_identifier": request.safety_identifier,
+        "service_tier": "default",
         "store": request.store,
         "temperature": 1.0 if request.temperature is None else request.temperature,
-        "text": {"format": {"type": "text"}},
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "presence_penalty": 0.0 if request.presence_penalty is None else request.presence_penalty,
+        "frequency_penalty": 0.0 if request.frequency_penalty is None else request.frequency_penalty,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tool_choice": request.tool_choice
         if isinstance(request.tool_choice, str)
         else request.tool_choice.model_dump(),
         "tools": [tool.model_dump(exclude_none=False) for tool in request.tools],
-        "top_p": 1.0 if request.top_p is None else request.top_p,
         "top_logprobs": request.top_logprobs or 0,
-        "truncation": "disabled",
+        "truncation": request.truncation or "disabled",
         "usage": None,
         "user": request.user,
         "completed_at": None,

@@ -1,6 +1,10 @@
 """Async engine factory and migrations. SQLite runs in WAL mode with a busy timeout;
 PostgreSQL goes through asyncpg.
 
+Convention, relied on by SQLite: `engine.begin()` is a write transaction and `engine.connect()`
+only reads. On SQLite a write transaction takes the write lock at BEGIN (IMMEDIATE: read-then-write
+never deadlocks on the upgrade), while a read is DEFERRED and, in WAL mode, never waits for writers.
+
 The migration scripts live in the repository's `migrations/` (where `alembic.ini` points) and are
 shipped inside the package as `service.migrations` (see setup.py), which is where this module
 finds them, so an installed wheel migrates as well as a checkout does."""
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,7 +27,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 CONNECT_TIMEOUT_SECONDS = 10
 
@@ -48,35 +53,71 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def create_engine(url: str) -> AsyncEngine:
+def create_engine(url: str, *, busy_timeout: float = 30.0) -> AsyncEngine:
+    """`busy_timeout`: how long a SQLite statement waits for a lock before it fails with
+    "database is locked" (a transient fault its caller may retry)."""
     if is_sqlite(url):
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        engine = create_async_engine(url, connect_args={"timeout": busy_timeout})
 
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             # Switching to WAL needs a lock; asking while another connection writes fails at once,
             # so switch only when the file is not in WAL mode yet (WAL persists in the file).
             cursor.execute("PRAGMA journal_mode")
             if str(cursor.fetchone()[0]).lower() != "wal":
                 _switch_to_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
+            # A checkpoint truncates the WAL file back to this size (it never shrinks otherwise).
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
         @event.listens_for(engine.sync_engine, "begin")
-        def _sqlite_begin_immediate(connection: Any) -> None:
-            # Take the write lock at BEGIN: read-then-write transactions never deadlock on upgrade.
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        def _sqlite_begin(connection: Any) -> None:
+            # Writers take the write lock at BEGIN: read-then-write transactions never deadlock on
+            # the upgrade. Readers begin DEFERRED and read their WAL snapshot without any lock.
+            write = connection.get_execution_options().get(_WRITE_OPTION, False)
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
 
         # pysqlite's own transaction handling must be off for the explicit BEGIN above.
         @event.listens_for(engine.sync_engine, "connect", insert=True)
         def _sqlite_autocommit_off(dbapi_connection: Any, _record: Any) -> None:
             dbapi_connection.isolation_level = None
 
-        return engine
-    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+        return _SQLiteEngine(engine.sync_engine)
+    # pre-ping: a connection the server (or a network cut) closed is replaced before use;
+    # recycle: none lives long enough to meet an idle timeout on the way.
+    return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_recycle=1800)
+
+
+_WRITE_OPTION = "service_sqlite_write"
+WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+async def checkpoint_when_idle(engine: AsyncEngine) -> None:
+    """SQLite: copy the WAL into the database file and truncate it. SQLite's own automatic
+    checkpoints (every 1,000 pages) cannot finish while readers hold old snapshots under
+    constant load; the supervisor calls this when no run is active. No-op on PostgreSQL."""
+    if engine.dialect.name != "sqlite":
+        return
+    async with engine.connect() as connection:
+        # Outside any transaction: an open read transaction would pin the WAL.
+        raw = await connection.get_raw_connection()
+        driver: Any = raw.driver_connection  # aiosqlite's connection
+        await driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+class _SQLiteEngine(AsyncEngine):
+    """`begin()` marks its connection as a writer (see the module docstring)."""
+
+    @contextlib.asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        async with self.connect() as connection:
+            await connection.execution_options(**{_WRITE_OPTION: True})
+            async with connection.begin():
+                yield connection
 
 
 def _switch_to_wal(cursor: Any) -> None:

@@ -147,6 +147,46 @@ async def last_sequence_number(connection: AsyncConnection, response_id: str) ->
     return -1 if value is None else int(value)
 
 
+async def last_event(connection: AsyncConnection, response_id: str) -> StoredEvent | None:
+    query = (
+        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        .where(events.c.response_id == response_id)
+        .order_by(events.c.sequence_number.desc())
+        .limit(1)
+    )
+    row = (await connection.execute(query)).first()
+    return None if row is None else StoredEvent(*row)
+
+
 async def delete_log(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.delete(events).where(events.c.response_id == response_id))
     await connection.execute(sa.delete(run_facts).where(run_facts.c.response_id == response_id))
+
+
+async def count_token_facts(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
+    """How many `tokens` facts each run has in the log (how a writer learns whether a commit
+    whose outcome it never heard actually landed)."""
+    if not response_ids:
+        return {}
+    rows = await connection.execute(
+        sa.select(run_facts.c.response_id, sa.func.count())
+        .where(run_facts.c.response_id.in_(list(response_ids)), run_facts.c.kind == "tokens")
+        .group_by(run_facts.c.response_id)
+    )
+    counts = {rid: 0 for rid in response_ids}
+    counts.update({rid: int(n) for rid, n in rows})
+    return counts
+
+
+async def last_sequence_numbers(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
+    """The last sequence number of each response (-1 when it has none)."""
+    if not response_ids:
+        return {}
+    rows = await connection.execute(
+        sa.select(events.c.response_id, sa.func.max(events.c.sequence_number))
+        .where(events.c.response_id.in_(list(response_ids)))
+        .group_by(events.c.response_id)
+    )
+    found = {rid: -1 for rid in response_ids}
+    found.update({rid: int(n) for rid, n in rows if n is not None})
+    return found

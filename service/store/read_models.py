@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.projection import finished_output, project
 from service.protocol import item_role, item_text
+from service.protocol.items import sql_text
 from service.store.event_log import encode, read_events
 from service.store.schema import conversation_items, responses
 
@@ -63,7 +64,7 @@ async def insert_items(
                     "item_id": item["id"],
                     "type": item["type"],
                     "role": item_role(item),
-                    "text": item_text(item),
+                    "text": sql_text(item_text(item)),
                     "data": encode(item),
                 }
                 for offset, item in enumerate(items)

@@ -31,13 +31,10 @@ async def rebuild_projections(database_url: str) -> int:
                 request = next(f.data for f in facts if f.kind == "request")
                 response = project(payloads)
                 await read_models.insert_response(connection, response, position=max(e.position for e in stored_events))
-                await read_models.insert_items(
-                    connection,
-                    response_id,
-                    request["prompt_items"][len(request["prompt_items"]) - request["input_item_count"] :],
-                    source="input",
-                    first_ordinal=0,
-                )
+                prompt_items = request["prompt_items"]
+                tail = prompt_items[len(prompt_items) - request["input_item_count"] :]
+                input_items = request.get("input_items", tail)
+                await read_models.insert_items(connection, response_id, input_items, source="input", first_ordinal=0)
                 await read_models.insert_output_items(
                     connection, response_id, payloads, input_item_count=request["input_item_count"]
                 )

@@ -26,6 +26,9 @@ class RunWrite:
     projection: dict[str, Any] | None = None
     output_ordinal_base: int = 0  # ordinal of output item 0 in conversation_items
     terminal: bool = False
+    # `tokens` facts the run had in the log (or queued before this write) when this write began:
+    # after a commit whose outcome was never heard, the count in the log says whether it landed.
+    token_facts_before: int = 0
 
     def merge(self, later: RunWrite) -> None:
         """Fold a later step of the same run into this one (the DB was slower than the engine)."""
@@ -107,10 +110,39 @@ async def _apply_write(connection: Any, write: RunWrite) -> None:
         await leases.mark_done(connection, rid)
 
 
-async def request_cancel(engine: AsyncEngine, response_id: str) -> None:
+async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
+    """The runs whose write is already in the log (a commit cut off before its answer may
+    have landed). Raises when the store cannot be read."""
+    ids = [w.response_id for w in writes]
+    async with engine.connect() as connection:
+        token_counts = await event_log.count_token_facts(connection, ids)
+        last_sequence = await event_log.last_sequence_numbers(connection, ids)
+    found: set[str] = set()
+    for write in writes:
+        rid = write.response_id
+        tokens = sum(1 for kind, _ in write.facts if kind == "tokens")
+        if tokens:
+            if token_counts[rid] >= write.token_facts_before + tokens:
+                found.add(rid)
+        elif write.events:
+            if last_sequence[rid] >= write.events[-1]["sequence_number"]:
+                found.add(rid)
+        else:
+            found.add(rid)  # nothing to write
+    return found
+
+
+async def request_cancel(engine: AsyncEngine, response_id: str) -> bool:
+    """Log a cancel request for a run that is still going. Ordered against DELETE and the run's
+    own commits by the append lock, so a cancel racing a delete never leaves an orphan fact."""
     async with engine.begin() as connection:
+        await event_log.lock_for_append(connection)
+        run = await leases.get_run(connection, response_id)
+        if run is None or run.done:
+            return False
         await event_log.append_fact(connection, response_id, "cancel_requested", {})
         await leases.request_cancel(connection, response_id)
+        return True
 
 
 async def release(engine: AsyncEngine, owner: str, response_ids: Sequence[str]) -> None:

@@ -1,0 +1,308 @@
+"""Pydantic models of what the server returns, field for field as OpenAI's Responses API types
+them. They exist to generate `/openapi.json` (the server builds its objects as dicts in the
+stream builder and projection; tests/test_conformance.py checks those against OpenAI's types)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+from service.protocol.tools import FunctionTool, FunctionToolChoice
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class Logprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[dict[str, Any]]
+    logprobs: list[Logprob] | None = None
+
+
+class InputText(BaseModel):
+    type: Literal["input_text"]
+    text: str
+
+
+class ReasoningTextContent(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class OutputMessage(BaseModel):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    status: ItemStatus
+    content: list[OutputText]
+
+
+class InputMessage(BaseModel):
+    id: str
+    type: Literal["message"]
+    role: Literal["user", "system", "developer", "assistant"]
+    status: ItemStatus | None = None
+    content: list[InputText | OutputText]
+
+
+class ReasoningOutputItem(BaseModel):
+    id: str
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]]
+    content: list[ReasoningTextContent] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCall(BaseModel):
+    id: str
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutput(BaseModel):
+    id: str
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    status: ItemStatus | None = None
+
+
+OutputItem = Annotated[OutputMessage | ReasoningOutputItem | FunctionCall, Field(discriminator="type")]
+InputItem = Annotated[
+    InputMessage | ReasoningOutputItem | FunctionCall | FunctionCallOutput, Field(discriminator="type")
+]
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens", "content_filter"] | None = None
+
+
+class Reasoning(BaseModel):
+    effort: Literal["low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponseTextConfig(BaseModel):
+    format: dict[str, Any]
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+    cache_write_tokens: int | None = None
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """OpenAI's `Response` (and the Open Responses `ResponseResource`)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    completed_at: int | None
+    status: Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
+    background: bool
+    conversation: None
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: int | None
+    metadata: dict[str, str]
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    prompt: None
+    prompt_cache_key: str | None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None
+    reasoning: Reasoning | None
+    safety_identifier: str | None
+    service_tier: Literal["auto", "default"]
+    store: bool
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    text: ResponseTextConfig
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | dict[str, Any]
+    tools: list[FunctionTool | dict[str, Any]]
+    top_logprobs: int
+    truncation: Literal["auto", "disabled"]
+    usage: Usage | None
+    user: str | None
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response"]
+    deleted: Literal[True]
+
+
+class InputItemList(BaseModel):
+    object: Literal["list"]
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    info: dict[str, Any] | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    worker_id: str
+    active_runs: int
+
+
+# -- stream events (the `data:` of each server-sent event) -------------------------------------
+class _Event(BaseModel):
+    sequence_number: int
+
+
+class ResponseLifecycleEvent(_Event):
+    type: Literal[
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    ]
+    response: ResponseObject
+
+
+class OutputItemEvent(_Event):
+    type: Literal["response.output_item.added", "response.output_item.done"]
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartEvent(_Event):
+    type: Literal["response.content_part.added", "response.content_part.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    part: Annotated[OutputText | ReasoningTextContent, Field(discriminator="type")]
+
+
+class OutputTextDeltaEvent(_Event):
+    type: Literal["response.output_text.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Logprob]
+    obfuscation: str | None = None
+
+
+class OutputTextDoneEvent(_Event):
+    type: Literal["response.output_text.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Logprob]
+
+
+class ReasoningTextDeltaEvent(_Event):
+    type: Literal["response.reasoning_text.delta"]
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    obfuscation: str | None = None
+
+
+class ReasoningTextDoneEvent(_Event):
+    type: Literal["response.reasoning_text.done"]
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+class FunctionCallArgumentsDeltaEvent(_Event):
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    output_index: int
+    delta: str
+    obfuscation: str | None = None
+
+
+class FunctionCallArgumentsDoneEvent(_Event):
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+class StreamEvent(BaseModel):
+    """One event of a response's stream, as OpenAI names and shapes it."""
+
+    event: Annotated[
+        ResponseLifecycleEvent
+        | OutputItemEvent
+        | ContentPartEvent
+        | OutputTextDeltaEvent
+        | OutputTextDoneEvent
+        | ReasoningTextDeltaEvent
+        | ReasoningTextDoneEvent
+        | FunctionCallArgumentsDeltaEvent
+        | FunctionCallArgumentsDoneEvent,
+        Field(discriminator="type"),
+    ]
