@@ -85,7 +85,7 @@ def _verify(server: ServerProcess, client: Any, ids: list[str], cancelled: list[
 
 
 @pytest.mark.slow
-def test_chaos_kill_9_restart_cycles(database_url: str, builtin_model_dir: Path, tmp_path: Path) -> None:
+def test_chaos_kill_9_restart_cycles(database_url: str, random_model_dir: Path, tmp_path: Path) -> None:
     report = run_chaos(database_url, runs=6, kills=4, seed=7, log_dir=tmp_path)
     print("chaos report:", json.dumps(report))
     assert report["violations"] == []
