@@ -10,8 +10,8 @@ from service.engine.config import DecoderConfig
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 1
-    samples: int = 24_000
-    steps: int = 2400
+    samples: int = 16_000
+    steps: int = 1800
     batch_size: int = 16
     lr: float = 3e-3
     min_lr: float = 1e-4

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from service.prompting.vocab import load_harmony
 from service.training import words
 
 Output = dict[str, Any]
@@ -43,6 +44,19 @@ class ToolSpec:
         }
 
 
+def copyable(values: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The values whose tokens after a space (as in a sentence) and after a quote (as in JSON) differ at
+    most in the first token: the model copies them token by token, whichever way round. Others (e.g.
+    " Prague" is one token, "Prague" two) would need their spelling memorised: left out of the corpus."""
+    enc = load_harmony()
+
+    def aligned(v: str) -> bool:
+        spaced, bare = enc.encode(" " + v, allowed_special=set()), enc.encode(v, allowed_special=set())
+        return len(spaced) == len(bare) and spaced[1:] == bare[1:]
+
+    return tuple(v for v in values if aligned(v))
+
+
 def _pick(rng: np.random.Generator, seq: tuple[str, ...] | list[str]) -> str:
     return seq[int(rng.integers(len(seq)))]
 
@@ -72,16 +86,20 @@ def _define(rng: np.random.Generator, v: str) -> Output:
 
 
 def _music(rng: np.random.Generator, v: str) -> Output:
-    return {"artist": v, "track": _pick(rng, words.TRACKS), "status": "playing"}
+    return {"artist": v, "track": _pick(rng, _TRACKS), "status": "playing"}
 
 
 def _restaurant(rng: np.random.Generator, v: str) -> Output:
     return {
         "cuisine": v,
-        "name": _pick(rng, words.RESTAURANTS),
+        "name": _pick(rng, _RESTAURANTS),
         "rating": f"{rng.integers(3, 5)}.{rng.integers(0, 10)}",
     }
 
+
+_TRACKS = copyable(words.TRACKS)
+_RESTAURANTS = copyable(words.RESTAURANTS)
+_DEFINED = tuple(w for w in copyable(list(words.DEFINITIONS)) if copyable([words.DEFINITIONS[w]]))
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
@@ -89,7 +107,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Get the current weather for a city",
         ("city", "location"),
         "The city name",
-        tuple(words.CITIES),
+        copyable(words.CITIES),
         (
             "What's the weather in {v}?",
             "What is the weather like in {v} today?",
@@ -114,7 +132,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Get the current local time in a city",
         ("city", "location"),
         "The city name",
-        tuple(words.CITIES),
+        copyable(words.CITIES),
         (
             "What time is it in {v}?",
             "Tell me the local time in {v}.",
@@ -132,7 +150,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Get the latest stock price for a ticker symbol",
         ("symbol", "ticker"),
         "The ticker symbol, for example AAPL",
-        tuple(words.SYMBOLS),
+        copyable(words.SYMBOLS),
         (
             "What is the stock price of {v}?",
             "How much is {v} trading at?",
@@ -150,7 +168,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Get the exchange rate of a currency against the US dollar",
         ("currency", "code"),
         "The currency code, for example EUR",
-        tuple(words.CURRENCIES),
+        copyable(words.CURRENCIES),
         (
             "What is the exchange rate for {v}?",
             "How many {v} do I get for one dollar?",
@@ -167,7 +185,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Get the population of a country",
         ("country", "name"),
         "The country name",
-        tuple(words.COUNTRIES),
+        copyable(words.COUNTRIES),
         (
             "What is the population of {v}?",
             "How many people live in {v}?",
@@ -184,7 +202,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Look up the definition of an English word",
         ("word", "term"),
         "The word to define",
-        tuple(words.DEFINITIONS),
+        _DEFINED,
         (
             "What does {v} mean?",
             "Define the word {v}.",
@@ -206,7 +224,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Play songs by a music artist",
         ("artist", "query"),
         "The name of the artist",
-        tuple(words.ARTISTS),
+        copyable(words.ARTISTS),
         (
             "Play some music by {v}.",
             "Put on a song by {v}.",
@@ -224,7 +242,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Find a good restaurant that serves a given cuisine",
         ("cuisine", "food"),
         "The kind of food, for example Italian",
-        tuple(words.CUISINES),
+        copyable(words.CUISINES),
         (
             "Find me a good {v} restaurant.",
             "Where can I eat {v} food?",
