@@ -151,7 +151,9 @@ def test_a_streamed_request_completes_and_the_sdk_gets_the_final_response(client
     assert "response.reasoning_text.delta" in kinds and "response.output_text.delta" in kinds
     assert kinds[-1] == "response.completed"
     assert final.output_text.strip()
-    assert client.responses.retrieve(final.id).model_dump() == final.model_dump()
+    stored = client.responses.retrieve(final.id)
+    assert stored.status == "completed" and stored.output_text == final.output_text
+    assert [item.model_dump() for item in stored.output] == [item.model_dump() for item in final.output]
 
 
 def test_a_matching_tool_is_called_and_its_output_answered(client: openai.OpenAI) -> None:
