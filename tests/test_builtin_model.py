@@ -4,6 +4,8 @@ server with the official client (it stops by itself, reasons, calls tools, uses 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +68,24 @@ def test_recorded_metrics_meet_the_targets() -> None:
     for key, target in TARGETS.items():
         assert quality[key]["of"] > 0, key
         assert quality[key]["rate"] >= target, (key, quality[key])
+
+
+def test_build_default_materialises_and_reports_what_it_loaded(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "model", "build-default", "--cache-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    manifest = read_manifest()
+    assert report["model_id"] == BUILTIN_NAME and report["sha256"] == manifest["sha256"]
+    assert report["metrics"] == manifest["metrics"]
+    model_dir = Path(report["path"])
+    assert model_dir.parent == tmp_path and manifest["sha256"][:12] in model_dir.name
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["artifact_sha256"] == manifest["sha256"] and config["vocab_size"] == HARMONY_VOCAB_SIZE
 
 
 def test_a_corrupt_artifact_is_refused(tmp_path: Path) -> None:
