@@ -11,7 +11,7 @@ from service.engine.config import DecoderConfig
 class TrainConfig:
     seed: int = 1
     samples: int = 16_000
-    steps: int = 1800
+    steps: int = 2400
     batch_size: int = 16
     lr: float = 3e-3
     min_lr: float = 1e-4

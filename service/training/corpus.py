@@ -192,7 +192,7 @@ def _tool_request(rng: np.random.Generator, use: _ToolUse) -> str:
 
 
 def _random_tool_use(rng: np.random.Generator, spec: ToolSpec) -> _ToolUse:
-    return _ToolUse(spec, _pick(rng, spec.names), _pick(rng, spec.params), _pick(rng, spec.values))
+    return _ToolUse(spec, spec.name, spec.param, _pick(rng, spec.values))
 
 
 def _history(rng: np.random.Generator) -> list[ConversationItem]:
@@ -214,7 +214,7 @@ def make_sample(rng: np.random.Generator) -> Sample:
     n_tools = int(rng.choice([0, 1, 1, 2, 2, 3, 3, 4]))
     order = rng.permutation(len(TOOLS))[:n_tools]
     uses = [_random_tool_use(rng, TOOLS[int(i)]) for i in order]
-    tools: tuple[FunctionTool, ...] = tuple(u.spec.schema(u.name, u.param) for u in uses)
+    tools: tuple[FunctionTool, ...] = tuple(u.spec.schema() for u in uses)
     items = _history(rng)
     r = rng.random()
 
@@ -242,8 +242,8 @@ def make_sample(rng: np.random.Generator) -> Sample:
         turn.append({"type": "function_call_output", "call_id": call_id, "output": json.dumps(output)})
         salient = str(output[use.spec.salient])
         answer = _pick(rng, use.spec.answers).format(v=use.value, **output)
-        think = _reasoning(
-            [f"The tool returned {topic}.", f"The {use.spec.salient} is {salient}.", "I will tell the user."], effort
+        think = _reasoning(  # the salient value first: copied from the tool output, then again in the answer
+            [f"The {use.spec.salient} is {salient}.", f"The tool returned {topic}.", "I will tell the user."], effort
         )
         steps = (Step("analysis", think), Step("final", answer))
         return Sample(request(turn), steps, "after_tool", salient=salient)

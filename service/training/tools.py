@@ -16,9 +16,9 @@ Output = dict[str, Any]
 
 @dataclass(frozen=True)
 class ToolSpec:
-    names: tuple[str, ...]  # the first is canonical; the others teach copying the name from the schema
+    name: str
     description: str
-    params: tuple[str, ...]  # likewise for the parameter's name
+    param: str
     param_description: str
     values: tuple[str, ...]
     asks: tuple[str, ...]  # user requests; {v} is the argument value
@@ -27,14 +27,11 @@ class ToolSpec:
     answers: tuple[str, ...]  # final answers after the tool result: {v} and the output's keys
     salient: str  # the output key whose value the answer must contain
 
-    @property
-    def name(self) -> str:
-        return self.names[0]
-
-    def schema(self, name: str, param: str) -> dict[str, Any]:
+    def schema(self) -> dict[str, Any]:
+        param = self.param
         return {
             "type": "function",
-            "name": name,
+            "name": self.name,
             "description": self.description,
             "parameters": {
                 "type": "object",
@@ -103,9 +100,9 @@ _DEFINED = tuple(w for w in copyable(list(words.DEFINITIONS)) if copyable([words
 
 TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
-        ("get_weather", "get_current_weather", "weather"),
+        "get_weather",
         "Get the current weather for a city",
-        ("city", "location"),
+        "city",
         "The city name",
         copyable(words.CITIES),
         (
@@ -128,9 +125,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "temperature",
     ),
     ToolSpec(
-        ("get_time", "get_local_time", "current_time"),
+        "get_time",
         "Get the current local time in a city",
-        ("city", "location"),
+        "city",
         "The city name",
         copyable(words.CITIES),
         (
@@ -146,9 +143,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "time",
     ),
     ToolSpec(
-        ("get_stock_price", "stock_quote"),
+        "get_stock_price",
         "Get the latest stock price for a ticker symbol",
-        ("symbol", "ticker"),
+        "symbol",
         "The ticker symbol, for example AAPL",
         copyable(words.SYMBOLS),
         (
@@ -164,9 +161,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "price",
     ),
     ToolSpec(
-        ("get_exchange_rate", "exchange_rate"),
+        "get_exchange_rate",
         "Get the exchange rate of a currency against the US dollar",
-        ("currency", "code"),
+        "currency",
         "The currency code, for example EUR",
         copyable(words.CURRENCIES),
         (
@@ -181,9 +178,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "rate",
     ),
     ToolSpec(
-        ("get_population", "country_population"),
+        "get_population",
         "Get the population of a country",
-        ("country", "name"),
+        "country",
         "The country name",
         copyable(words.COUNTRIES),
         (
@@ -198,9 +195,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "population",
     ),
     ToolSpec(
-        ("define_word", "dictionary_lookup"),
+        "define_word",
         "Look up the definition of an English word",
-        ("word", "term"),
+        "word",
         "The word to define",
         _DEFINED,
         (
@@ -220,9 +217,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "definition",
     ),
     ToolSpec(
-        ("play_music", "play_artist"),
+        "play_music",
         "Play songs by a music artist",
-        ("artist", "query"),
+        "artist",
         "The name of the artist",
         copyable(words.ARTISTS),
         (
@@ -238,9 +235,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "track",
     ),
     ToolSpec(
-        ("find_restaurant", "search_restaurants"),
+        "find_restaurant",
         "Find a good restaurant that serves a given cuisine",
-        ("cuisine", "food"),
+        "cuisine",
         "The kind of food, for example Italian",
         copyable(words.CUISINES),
         (
