@@ -191,7 +191,8 @@ def test_a_streamed_request_completes_and_the_sdk_gets_the_final_response(client
     assert final.output_text.strip()
     stored = client.responses.retrieve(final.id)
     assert stored.status == "completed" and stored.output_text == final.output_text
-    assert [(item.id, item.type) for item in stored.output] == [(item.id, item.type) for item in final.output]
+    ids = [(item.type, item.model_dump().get("id")) for item in stored.output]
+    assert ids == [(item.type, item.model_dump().get("id")) for item in final.output]
 
 
 def test_a_matching_tool_is_called_and_its_output_answered(client: openai.OpenAI) -> None:
