@@ -98,7 +98,8 @@ async def test_list_and_call_round_trip(mcp_server: McpServer) -> None:
     assert (result.output, result.error) == ("42", None)
     calls = mcp_server.calls()[before:]
     assert len(calls) == 1
-    assert calls[0]["idempotency_key"] == "key-round-trip"
+    assert calls[0]["idempotency_key"] == "key-round-trip"  # sent in _meta
+    assert mcp_test_server.IDEMPOTENCY_META_KEY == IDEMPOTENCY_META_KEY
     assert calls[0]["authorization"] == "Bearer tok-123"
 
 

@@ -13,13 +13,13 @@ import json
 import socket
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 
 # The `_meta` key a tool call carries its idempotency key under; a retried call (after a crash) repeats it.
 IDEMPOTENCY_META_KEY = "io.github.service/idempotency-key"
@@ -147,7 +147,8 @@ class McpConnector:
 
         async def run() -> McpCallResult:
             async with self._client(url, headers) as client:
-                result = await client.call_tool(name, arguments, meta={IDEMPOTENCY_META_KEY: idempotency_key})
+                meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+                result = await client.call_tool(name, arguments, meta=meta)
             return self._result(result)
 
         try:

@@ -12,20 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from service.protocol.tools import UNOFFERED_TOOL_TYPES
 from service.tools.base import SearchProvider, ServerTool, ToolResult
 from service.tools.mcp import McpConnector
-
-# Tool types OpenAI offers that need what this server does not have (a search index, the web, a desktop).
-UNOFFERED_TOOL_TYPES: Mapping[str, str] = {
-    "web_search_preview": "web search",
-    "web_search_preview_2025_03_11": "web search",
-    "web_search": "web search",
-    "file_search": "file search (vector stores)",
-    "computer_use_preview": "computer use",
-    "image_generation": "image generation",
-    "local_shell": "a local shell",
-}
-
 
 class ToolNotOffered(ValueError):
     def __init__(self, index: int, kind: str) -> None:

@@ -17,6 +17,7 @@ Nothing here knows about HTTP or the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -200,10 +201,8 @@ class Sandbox:
                 _kill(proc.pid)
             await asyncio.wait_for(proc.wait(), timeout=5)
             work.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
-            except (asyncio.CancelledError, Exception):
-                pass
         return SandboxResult(
             stdout=out.decode("utf-8", "replace"),
             stderr=err.decode("utf-8", "replace"),
@@ -228,7 +227,5 @@ class Sandbox:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
