@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from service.agent_loop import PlannedCall, ToolCalls, execute
+from service.tools.base import ToolResult
+from service.tools.code_interpreter import CodeInterpreter
+from service.tools.registry import ToolRegistry
 from service.tools.sandbox import Sandbox, SandboxLimits, SandboxResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,3 +152,27 @@ def test_huge_output_is_cut(sandbox: Sandbox) -> None:
 def test_bad_container_id_refused(sandbox: Sandbox) -> None:
     with pytest.raises(ValueError):
         asyncio.run(sandbox.run("../escape", "print(1)"))
+
+
+def test_code_interpreter_call_runs_once_through_the_agent_loop(sandbox: Sandbox) -> None:
+    """The interpreter behind the agent loop: a replayed log reuses the logged result, never re-runs the code."""
+    interpreter = CodeInterpreter(sandbox, "loop")
+    registry = ToolRegistry()
+    registry.add("python", interpreter)
+    log: list[tuple[str, dict[str, Any]]] = []
+
+    async def log_fact(kind: str, data: dict[str, Any]) -> None:
+        log.append((kind, json.loads(json.dumps(data))))  # what the log would give back
+
+    code = "open('runs.txt', 'a').write('x'); print(len(open('runs.txt').read()))"
+    call = PlannedCall(0, "python", "python", code)
+
+    async def once() -> ToolResult:
+        calls = ToolCalls.from_facts("resp_ci", max_calls=4, facts=log)
+        return await execute(calls, call, registry, log_fact, timeout_seconds=30)
+
+    first = asyncio.run(once())
+    assert first.output == "1\n" and first.details == {"exit_code": 0, "timed_out": False}
+    assert asyncio.run(once()) == first
+    assert [kind for kind, _ in log] == ["tool_call_started", "tool_call_result"]
+    assert (sandbox.root / "loop" / "runs.txt").read_text() == "x"

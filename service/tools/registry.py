@@ -16,6 +16,7 @@ from service.protocol.tools import UNOFFERED_TOOL_TYPES
 from service.tools.base import SearchProvider, ServerTool, ToolResult
 from service.tools.mcp import McpConnector
 
+
 class ToolNotOffered(ValueError):
     def __init__(self, index: int, kind: str) -> None:
         what = UNOFFERED_TOOL_TYPES.get(kind, kind)
