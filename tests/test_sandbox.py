@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -13,10 +14,12 @@ from typing import Any
 import pytest
 
 from service.agent_loop import PlannedCall, ToolCalls, execute
+from service.config import Settings
+from service.tools import report_sandbox
 from service.tools.base import ToolResult
 from service.tools.code_interpreter import CodeInterpreter
 from service.tools.registry import ToolRegistry
-from service.tools.sandbox import Sandbox, SandboxLimits, SandboxResult
+from service.tools.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +44,12 @@ def run(box: Sandbox, code: str, container: str = "c1") -> SandboxResult:
     # After every attempt the sandbox (and this process) still works.
     assert asyncio.run(box.run("health", "print(1 + 1)")).stdout == "2\n"
     return result
+
+
+def test_probe_reports_the_layers(sandbox: Sandbox) -> None:
+    described = asyncio.run(sandbox.probe())
+    assert "uid 65534" in described or os.geteuid() != 0
+    assert "seccomp filter on" in described
 
 
 def test_runs_code_and_keeps_files_per_container(sandbox: Sandbox) -> None:
@@ -176,3 +185,11 @@ def test_code_interpreter_call_runs_once_through_the_agent_loop(sandbox: Sandbox
     assert asyncio.run(once()) == first
     assert [kind for kind, _ in log] == ["tool_call_started", "tool_call_result"]
     assert (sandbox.root / "loop" / "runs.txt").read_text() == "x"
+
+
+def test_start_up_report(sandbox: Sandbox, tmp_path: Path) -> None:
+    settings = Settings(sandbox_dir=sandbox.root / "report")
+    assert asyncio.run(report_sandbox(settings)) is None
+    broken = Sandbox(sandbox.root, python=str(tmp_path / "no-python"))
+    with pytest.raises(SandboxUnavailable, match="no-python is missing"):
+        asyncio.run(broken.probe())

@@ -211,19 +211,23 @@ class Sandbox:
             output_truncated=truncated.is_set(),
         )
 
-    async def probe(self) -> None:
-        """Raise SandboxUnavailable with the reason unless a trivial program runs in the sandbox."""
+    async def probe(self) -> str:
+        """Run a trivial program in the sandbox; return what protects it, or raise SandboxUnavailable."""
         for tool in ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ()):
             if shutil.which(tool) is None:
                 raise SandboxUnavailable(f"'{tool}' is not installed (Debian: bubblewrap, util-linux)")
         if not Path(self.python).exists():
             raise SandboxUnavailable(f"{self.python} is missing")
+        code = "import os\nprint(6 * 7, os.getuid(), 'Seccomp:\\t2' in open('/proc/self/status').read())"
         try:
-            result = await self.run("probe", "print(6 * 7)")
+            result = await self.run("probe", code)
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from exc
-        if result.stdout.strip() != "42":
+        fields = result.stdout.split()
+        if not fields or fields[0] != "42":
             raise SandboxUnavailable(f"sandbox probe failed: {(result.stderr or result.stdout).strip()[-300:]}")
+        seccomp = "seccomp filter on" if fields[2:] == ["True"] else "NO seccomp filter (install python3-seccomp)"
+        return f"bubblewrap sandbox with {self.python}, uid {fields[1]}, {seccomp}"
 
 
 def _kill(pid: int) -> None:
