@@ -44,7 +44,6 @@ class Settings(BaseModel):
     secret_key: str | None = None
     tool_timeout_seconds: float = Field(default=30.0, gt=0)
     tool_output_bytes: int = Field(default=64 * 1024, ge=1)
-    max_tool_calls_default: int = Field(default=8, ge=1)
     # Code interpreter sandbox: work directories live here; limits per execution.
     sandbox_dir: Path = Path("/tmp/service-sandbox")
     sandbox_wall_seconds: float = Field(default=10.0, gt=0)
