@@ -77,7 +77,17 @@ def test_no_network(sandbox: Sandbox) -> None:
 
 
 def test_cannot_read_service_files_or_database(sandbox: Sandbox) -> None:
-    targets = [str(REPO / "service" / "config.py"), str(REPO / "pyproject.toml"), "/root", "/work", "/home", "/opt"]
+    targets = [
+        str(REPO / "service" / "config.py"),
+        str(REPO / "pyproject.toml"),
+        "/root",
+        "/work",
+        "/home",
+        "/opt",
+        "/etc/passwd",
+        "/etc/postgresql",
+        "/var/lib/postgresql",
+    ]
     code = (
         "import os\n"
         f"for path in {targets!r}:\n"

@@ -4,7 +4,7 @@ Layers, outermost first:
 - `setpriv` drops to uid/gid 65534 when the service runs as root (process limits do nothing for root);
 - `prlimit` caps address space, CPU seconds, file size, open files and processes;
 - `bwrap --unshare-all` gives the code no network (only its own loopback), its own pid/ipc/uts namespaces,
-  a read-only view of `/usr` and `/etc` only (not the service's files, not its database), a size-capped tmpfs
+  a read-only view of `/usr` and three loader files of `/etc` only (not the service's files, not its database), a size-capped tmpfs
   `/tmp` and one writable work directory per container;
 - a seccomp filter loaded by the first lines the sandboxed interpreter runs (Debian's `python3-seccomp`),
   before the model's code: sockets other than Unix sockets, namespace calls, mount, ptrace, bpf and keyring
@@ -125,7 +125,10 @@ class Sandbox:
             "--new-session",
             "--disable-userns",
             "--ro-bind", "/usr", "/usr",
-            "--ro-bind", "/etc", "/etc",
+            # From /etc only what the dynamic loader and Python read: no service config, no credentials.
+            "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+            "--ro-bind-try", "/etc/localtime", "/etc/localtime",
+            "--ro-bind-try", "/etc/nsswitch.conf", "/etc/nsswitch.conf",
             "--symlink", "usr/bin", "/bin",
             "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64",
