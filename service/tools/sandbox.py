@@ -4,8 +4,8 @@ Layers, outermost first:
 - `setpriv` drops to uid/gid 65534 when the service runs as root (process limits do nothing for root);
 - `prlimit` caps address space, CPU seconds, file size, open files and processes;
 - `bwrap --unshare-all` gives the code no network (only its own loopback), its own pid/ipc/uts namespaces,
-  a read-only view of `/usr` and three loader files of `/etc` only (not the service's files, not its database), a size-capped tmpfs
-  `/tmp` and one writable work directory per container;
+  a read-only view of `/usr` and three loader files of `/etc` only (not the service's files, not its
+  database), a size-capped tmpfs `/tmp` and one writable work directory per container;
 - a seccomp filter loaded by the first lines the sandboxed interpreter runs (Debian's `python3-seccomp`),
   before the model's code: sockets other than Unix sockets, namespace calls, mount, ptrace, bpf and keyring
   calls fail with EPERM; `clone3` reports ENOSYS so libc falls back to `clone`, whose namespace flags are denied;
