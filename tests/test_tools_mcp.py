@@ -32,6 +32,7 @@ from service.tools.registry import (
     approval_required,
     refuse_unoffered,
 )
+from service.tools.specs import ServerToolRefused, check_server_tools
 from tests import mcp_test_server
 from tests.conftest import free_port
 from tests.tools_loop_runner import run_call
@@ -295,3 +296,35 @@ async def test_secrets_never_reach_the_database(db: AsyncEngine, mcp_server: Mcp
         for file in path.parent.glob(path.name + "*"):
             assert b"sk-SECRET-9" not in file.read_bytes()
     assert json.dumps(await _facts(db, rid)).count("sk-SECRET-9") == 0
+
+
+# -- tool specs ---------------------------------------------------------------------------------
+
+
+def _check(tools: list[dict[str, Any]], **overrides: Any) -> list[Any]:
+    options: dict[str, Any] = {"allowed_hosts": None, "secret_key": None, "background": False, "resolve": False}
+    return check_server_tools(tools, **{**options, **overrides})
+
+
+def test_server_tool_specs() -> None:
+    mcp = {"type": "mcp", "server_label": "counter", "server_url": "http://127.0.0.1:9/mcp"}
+    function = {"type": "function", "name": "f"}
+    specs = _check([function, mcp, {"type": "code_interpreter", "container": {"type": "auto"}}])
+    assert [spec.type for spec in specs] == ["mcp", "code_interpreter"]
+    cases: list[tuple[list[dict[str, Any]], dict[str, Any], str, str]] = [
+        ([{**mcp, "server_url": "ftp://x/mcp"}], {}, "tools[0].server_url", "http"),
+        ([{**mcp, "server_url": "http://169.254.169.254/"}], {}, "tools[0].server_url", "link-local"),
+        ([mcp], {"allowed_hosts": ["tools.internal"]}, "tools[0].server_url", "allowed MCP hosts"),
+        ([{**mcp, "server_label": "bad label"}], {}, "tools[0].server_label", "Invalid mcp tool"),
+        ([{**mcp, "bogus": 1}], {}, "tools[0].bogus", "Invalid mcp tool"),
+        ([mcp, mcp], {}, "tools[1].server_label", "Duplicate server_label"),
+        ([{**mcp, "authorization": "tok"}], {"background": True}, "tools[0].authorization", "SERVICE_SECRET_KEY"),
+        ([{"type": "code_interpreter", "container": "../x"}], {}, "tools[0].container", "Invalid code_interpreter"),
+    ]
+    for tools, overrides, param, says in cases:
+        with pytest.raises(ServerToolRefused, match=says) as raised:
+            _check(tools, **overrides)
+        assert raised.value.param == param, (tools, raised.value.param)
+    # With a key, a background request may keep its secrets (sealed); foreground ones need no key.
+    _check([{**mcp, "authorization": "tok"}], background=True, secret_key=secrets.new_key())
+    _check([{**mcp, "authorization": "tok"}], background=False)
