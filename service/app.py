@@ -28,6 +28,7 @@ from service.notify import Notifier
 from service.runs import RunSupervisor
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
+from service.tools import report_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.settings, state.db, state.runtime, state.notifier = settings, db, model, notifier
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
         state.draining = asyncio.Event()
+        state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
         state.commands = Commands(db, model, supervisor, notifier, settings)
         await supervisor.start()
         try:

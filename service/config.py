@@ -37,12 +37,28 @@ class Settings(BaseModel):
     # Largest JSON schema / Lark grammar / regex (bytes) accepted in text.format or a tool.
     max_grammar_bytes: int = Field(default=64 * 1024, ge=1)
     api_key: str | None = None
+    # Server-side tools. Comma-separated hosts MCP server_urls may name (`*.example.com` for subdomains);
+    # empty = any host except link-local/metadata/reserved addresses.
+    mcp_allowed_hosts: str = ""
+    # Fernet key (urlsafe base64 of 32 bytes) sealing what background runs with MCP secrets need to resume.
+    secret_key: str | None = None
+    tool_timeout_seconds: float = Field(default=30.0, gt=0)
+    tool_output_bytes: int = Field(default=64 * 1024, ge=1)
+    # Code interpreter sandbox: work directories live here; limits per execution.
+    sandbox_dir: Path = Path("/tmp/service-sandbox")
+    sandbox_wall_seconds: float = Field(default=10.0, gt=0)
+    sandbox_cpu_seconds: int = Field(default=5, ge=1)
+    sandbox_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
+    sandbox_processes: int = Field(default=32, ge=1)
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     def reasoning_budget(self, effort: str) -> int:
         return {"low": self.reasoning_tokens_low, "high": self.reasoning_tokens_high}.get(
             effort, self.reasoning_tokens_medium
         )
+
+    def mcp_hosts(self) -> list[str]:
+        return [host.strip() for host in self.mcp_allowed_hosts.split(",") if host.strip()]
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -20,7 +20,7 @@ from service.protocol.items import (
     MessageItem,
 )
 from service.protocol.text import TextConfig
-from service.protocol.tools import AllowedToolsChoice, Tool, ToolChoice
+from service.protocol.tools import AllowedToolsChoice, Tool, ToolChoice, unoffered_tool
 
 
 class ReasoningConfig(Strict):
@@ -153,6 +153,8 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
                 for item in body["input"]
             ],
         }
+    if isinstance(body, dict) and (refused := unoffered_tool(body.get("tools"))) is not None:
+        raise InvalidRequest(refused[1], param=f"tools[{refused[0]}].type", code="unsupported_tool")
     try:
         request = CreateResponseRequest.model_validate(body)
     except ValidationError as exc:

@@ -8,6 +8,44 @@ from pydantic import Field
 
 from service.protocol.base import Strict
 
+# Tool types OpenAI offers that need what this server does not have (a search index, the web, a desktop);
+# an operator offers one by plugging a provider into service/tools (see SearchProvider).
+UNOFFERED_TOOL_TYPES: dict[str, str] = {
+    "web_search_preview": "web search",
+    "web_search_preview_2025_03_11": "web search",
+    "web_search": "web search",
+    "web_search_2025_08_26": "web search",
+    "file_search": "file search (vector stores)",
+    "computer_use_preview": "computer use",
+    "image_generation": "image generation",
+    "local_shell": "a local shell",
+}
+# Run by the server (service/tools: MCP client, sandboxed interpreter, exactly-once agent loop); the run
+# supervisor does not drive that loop yet, so requests naming them are refused with this explanation.
+SERVER_TOOL_TYPES: dict[str, str] = {"mcp": "remote MCP servers", "code_interpreter": "the code interpreter"}
+
+
+def unoffered_tool(tools: object) -> tuple[int, str] | None:
+    """The index and message of the first tool in a raw `tools` list this server cannot run."""
+    if not isinstance(tools, list):
+        return None
+    for index, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(kind, str):
+            continue
+        if kind in UNOFFERED_TOOL_TYPES:
+            return index, (
+                f"This server does not offer {UNOFFERED_TOOL_TYPES[kind]} (tool type '{kind}'). "
+                "It calls 'function' and 'custom' tools through the client."
+            )
+        if kind in SERVER_TOOL_TYPES:
+            return index, (
+                f"This server does not run {SERVER_TOOL_TYPES[kind]} in responses yet (tool type '{kind}'). "
+                "It calls 'function' and 'custom' tools through the client."
+            )
+    return None
+
+
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
 
 

@@ -1,0 +1,32 @@
+"""Server-side tools: MCP servers, the sandboxed code interpreter, and the registry a run calls them through."""
+
+from __future__ import annotations
+
+import logging
+
+from service.config import Settings
+from service.tools.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def sandbox_from_settings(settings: Settings) -> Sandbox:
+    limits = SandboxLimits(
+        wall_seconds=settings.sandbox_wall_seconds,
+        cpu_seconds=settings.sandbox_cpu_seconds,
+        memory_bytes=settings.sandbox_memory_bytes,
+        processes=settings.sandbox_processes,
+        output_bytes=settings.tool_output_bytes,
+    )
+    return Sandbox(settings.sandbox_dir, limits)
+
+
+async def report_sandbox(settings: Settings) -> str | None:
+    """Log at start-up whether the code interpreter's sandbox works here; the reason it does not, or None."""
+    try:
+        described = await sandbox_from_settings(settings).probe()
+    except (SandboxUnavailable, OSError) as exc:
+        log.warning("code interpreter unavailable: %s", exc)
+        return str(exc)
+    log.info("code interpreter available: %s", described)
+    return None
