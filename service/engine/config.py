@@ -67,7 +67,7 @@ class DecoderConfig:
             head_dim=int(d.get("head_dim") or hidden // heads),
             intermediate_size=int(d["intermediate_size"]),
             max_position=int(d.get("max_position_embeddings", 2048)),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_theta=float(d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
             bos_token_id=d.get("bos_token_id"),
@@ -90,8 +90,35 @@ class ModelMeta:
         return json.dumps({**self.decoder.to_dict(), **self.extra}, indent=2, sort_keys=True) + "\n"
 
 
+GENAI_CONFIG_FILE = "genai_config.json"
+
+
+def _from_genai(genai: dict[str, Any]) -> dict[str, Any]:
+    """An onnxruntime-genai export without config.json: its genai_config.json, in HF-style keys."""
+    model = genai["model"]
+    dec = model["decoder"]
+    return {
+        "vocab_size": model["vocab_size"],
+        "hidden_size": dec["hidden_size"],
+        "num_hidden_layers": dec["num_hidden_layers"],
+        "num_attention_heads": dec["num_attention_heads"],
+        "num_key_value_heads": dec["num_key_value_heads"],
+        "head_dim": dec["head_size"],
+        "intermediate_size": 0,  # not recorded by the builder; the engine does not need it
+        "max_position_embeddings": model["context_length"],
+        "bos_token_id": model.get("bos_token_id"),
+        "eos_token_id": model.get("eos_token_id"),
+        "graph": "onnxruntime-genai",
+        "model_type": model.get("type"),
+    }
+
+
 def read_config(model_dir: Path) -> ModelMeta:
-    raw = json.loads((model_dir / CONFIG_FILE).read_text())
+    path = model_dir / CONFIG_FILE
+    if not path.exists() and (model_dir / GENAI_CONFIG_FILE).exists():
+        raw = _from_genai(json.loads((model_dir / GENAI_CONFIG_FILE).read_text()))
+    else:
+        raw = json.loads(path.read_text())
     dec = DecoderConfig.from_dict(raw)
     dec_keys = set(dec.to_dict())
     return ModelMeta(dec, {k: v for k, v in raw.items() if k not in dec_keys})

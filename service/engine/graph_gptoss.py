@@ -136,7 +136,8 @@ def build_gptoss_graph(
         qkv_b = np.concatenate([w[a + f"{m}_proj.bias"] for m in "qkv"], axis=0)
         qkv = linear(hdn, a + "qkv_proj", qkv_w, qkv_b)
         # local_window_size = W reproduces HF's sliding-window mask (checked against transformers to 1e-7).
-        window = spec.sliding_window if spec.layer_types[i] == SLIDING and spec.sliding_window > 0 else -1
+        windowed = spec.layer_types[i] == SLIDING and spec.sliding_window > 0
+        window = spec.sliding_window if windowed else -1
         sink = g.weight(a + "sinks", w[a + "sinks"].astype(np.float32))
         ctx = g.op(
             "GroupQueryAttention",
@@ -150,6 +151,7 @@ def build_gptoss_graph(
             do_rotary=1,
             rotary_interleaved=0,
             local_window_size=window,
+            sliding_window_cache=int(windowed),  # a window-sized cache: the op evicts the oldest rows
         )
         g.nodes[-1].output[1] = f"present.{i}.key"
         g.nodes[-1].output[2] = f"present.{i}.value"
@@ -174,10 +176,19 @@ def build_gptoss_graph(
         tensor_info("attention_mask", INT64, ["batch", "total_seq"]),
     ]
     outputs = [tensor_info("logits", FLOAT, ["batch", 1, c.vocab_size])]
+    window_kv: list[int | str] = ["batch", kvh, "window_capacity", d]
     for i in range(c.num_layers):
-        inputs += [tensor_info(f"past_key_values.{i}.{kind}", FLOAT, kv) for kind in ("key", "value")]
-        outputs += [tensor_info(f"present.{i}.{kind}", FLOAT, kv) for kind in ("key", "value")]
+        shape = window_kv if i in window_layers(spec) else kv
+        inputs += [tensor_info(f"past_key_values.{i}.{kind}", FLOAT, shape) for kind in ("key", "value")]
+        outputs += [tensor_info(f"present.{i}.{kind}", FLOAT, shape) for kind in ("key", "value")]
     return g.model(inputs, outputs, {"": 17, MS: 1})
+
+
+def window_layers(spec: GptOssSpec) -> list[int]:
+    """Layers whose KV cache holds only the sliding window."""
+    if spec.sliding_window <= 0:
+        return []
+    return [i for i, kind in enumerate(spec.layer_types) if kind == SLIDING]
 
 
 def write_gptoss_model(
@@ -208,6 +219,7 @@ def write_gptoss_model(
         "logits": "last_position",
         "quantization": scheme,
         "gpt_oss": spec.to_dict(),
+        "kv_window": {"layers": window_layers(spec), "capacity": spec.sliding_window},
         **(extra or {}),
     }
     write_config(out_dir, ModelMeta(config, meta))
