@@ -145,7 +145,8 @@ def test_quantized_top1_agreement_is_reported(hf_model: tuple[Any, Path], tmp_pa
     agreement = float((np.stack(quant).argmax(-1) == ref.argmax(-1)).mean())
     error = float(np.abs(np.stack(quant) - ref).max())
     scale = float(np.abs(ref).max())
-    _report(f"int8 dense + int{bits} experts", {"top1_agreement": agreement, "max_abs_logit_error": error, "max_abs_logit": scale})
+    figures = {"top1_agreement": agreement, "max_abs_logit_error": error, "max_abs_logit": scale}
+    _report(f"int8 dense + int{bits} experts", figures)
     print(f"int{bits} experts: top-1 agreement {agreement:.3f} over {len(tokens)} positions, max |dlogit| {error:.4f}")
     assert agreement >= 0.5  # a broken graph (wrong layout, wrong routing) agrees at chance (1/512)
 

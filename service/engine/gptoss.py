@@ -15,6 +15,7 @@ import numpy as np
 
 from service.engine.config import DecoderConfig
 
+EXPERT_BLOCK = 32  # QMoE block size along K
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 
@@ -134,8 +135,13 @@ def rope_caches(c: DecoderConfig, spec: GptOssSpec) -> tuple[np.ndarray, np.ndar
     return (np.cos(freqs) * scale).astype(np.float32), (np.sin(freqs) * scale).astype(np.float32)
 
 
-def random_gptoss_weights(c: DecoderConfig, spec: GptOssSpec, seed: int) -> dict[str, np.ndarray]:
-    """Seeded random weights in HF's GptOss names and layouts (experts [E, H, 2I] interleaved gate/up)."""
+def random_gptoss_weights(
+    c: DecoderConfig, spec: GptOssSpec, seed: int, *, expert_codes: bool = False
+) -> dict[str, np.ndarray]:
+    """Seeded random weights in HF's GptOss names and layouts (experts [E, H, 2I] interleaved gate/up).
+
+    expert_codes: draw the experts directly as spec.expert_bits block codes and scales (QMoE layout,
+    fc1/fc2 .codes/.scales), so a real-shape model never holds its experts in fp32."""
     rng = np.random.default_rng(seed)
     h, d, i_size, e = c.hidden_size, c.head_dim, c.intermediate_size, spec.num_experts
 
@@ -156,11 +162,28 @@ def random_gptoss_weights(c: DecoderConfig, spec: GptOssSpec, seed: int) -> dict
         w[p + "self_attn.sinks"] = normal(c.num_heads, std=1.0)
         w[p + "mlp.router.weight"] = normal(e, h, std=h**-0.5)
         w[p + "mlp.router.bias"] = normal(e)
-        w[p + "mlp.experts.gate_up_proj"] = normal(e, h, 2 * i_size, std=h**-0.5)
         w[p + "mlp.experts.gate_up_proj_bias"] = normal(e, 2 * i_size)
-        w[p + "mlp.experts.down_proj"] = normal(e, i_size, h, std=i_size**-0.5)
         w[p + "mlp.experts.down_proj_bias"] = normal(e, h)
+        if expert_codes and spec.expert_bits:
+            for name, n, k in (("fc1", 2 * i_size, h), ("fc2", h, i_size)):
+                w[p + f"mlp.experts.{name}.codes"] = _random_codes(rng, (e, n, k), spec.expert_bits)
+                qmax = (1 << (spec.expert_bits - 1)) - 1  # uniform codes: std ~ qmax / sqrt(3) steps
+                scale = np.float32(k**-0.5 * np.sqrt(3) / qmax)
+                w[p + f"mlp.experts.{name}.scales"] = np.full((e, n, k // EXPERT_BLOCK), scale, dtype=np.float32)
+        else:
+            w[p + "mlp.experts.gate_up_proj"] = normal(e, h, 2 * i_size, std=h**-0.5)
+            w[p + "mlp.experts.down_proj"] = normal(e, i_size, h, std=i_size**-0.5)
     return w
+
+
+def _random_codes(rng: np.random.Generator, shape: tuple[int, int, int], bits: int) -> np.ndarray:
+    """Uniform symmetric codes (never the unused -2^(bits-1)), packed as QMoE stores them."""
+    e, n, k = shape
+    levels = (1 << bits) - 1
+    codes = (rng.integers(0, levels, size=(e, n, k), dtype=np.uint8) + 1).astype(np.uint8)
+    if bits == 4:
+        return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return codes
 
 
 def check_hf_model_type(d: dict[str, Any]) -> bool:

@@ -21,11 +21,9 @@ import onnx
 from service.engine.builder import MODEL_FILE, save_model
 from service.engine.config import DecoderConfig, ModelMeta, write_config
 from service.engine.cpu import cpu_features
+from service.engine.gptoss import EXPERT_BLOCK, SLIDING, GptOssSpec, rope_caches
 from service.engine.graph_contrib import BLOCK_SIZE, MS, quantize_blockwise_int8
 from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
-from service.engine.gptoss import SLIDING, GptOssSpec, rope_caches
-
-EXPERT_BLOCK = 32
 
 
 def quantize_experts(w: np.ndarray, bits: int, block: int = EXPERT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -81,9 +79,12 @@ def build_gptoss_graph(
         return outs[0], outs[3]
 
     def experts(x: str, router: str, p: str) -> str:
-        gate_up = np.ascontiguousarray(w[p + "gate_up_proj"].transpose(0, 2, 1))  # [E, 2I, H], rows interleaved
-        down = np.ascontiguousarray(w[p + "down_proj"].transpose(0, 2, 1))  # [E, H, I]
-        attrs = {
+        gate_up: np.ndarray | None = None
+        down: np.ndarray | None = None
+        if p + "gate_up_proj" in w:
+            gate_up = np.ascontiguousarray(w[p + "gate_up_proj"].transpose(0, 2, 1))  # [E, 2I, H], interleaved rows
+            down = np.ascontiguousarray(w[p + "down_proj"].transpose(0, 2, 1))  # [E, H, I]
+        attrs: dict[str, Any] = {
             "k": spec.top_k,
             "activation_type": "swiglu",
             "swiglu_fusion": 1,
@@ -95,11 +96,16 @@ def build_gptoss_graph(
         bias1 = g.weight(p + "gate_up_proj_bias", w[p + "gate_up_proj_bias"])
         bias2 = g.weight(p + "down_proj_bias", w[p + "down_proj_bias"])
         if spec.expert_bits is None:
+            assert gate_up is not None and down is not None
             ins = [x, router, g.weight(p + "fc1", gate_up), bias1, g.weight(p + "fc2", down), bias2]
             return str(g.op("MoE", ins, domain=MS, **attrs))
         bits = spec.expert_bits
-        q1, s1 = quantize_experts(gate_up, bits)
-        q2, s2 = quantize_experts(down, bits)
+        if p + "fc1.codes" in w:  # already quantized (random real-shape models: no fp32 experts in memory)
+            q1, s1, q2, s2 = (w[p + n] for n in ("fc1.codes", "fc1.scales", "fc2.codes", "fc2.scales"))
+        else:
+            assert gate_up is not None and down is not None
+            q1, s1 = quantize_experts(gate_up, bits)
+            q2, s2 = quantize_experts(down, bits)
         ins = [x, router, g.weight(p + "fc1.q", q1), g.weight(p + "fc1.scales", s1), bias1]
         ins += [g.weight(p + "fc2.q", q2), g.weight(p + "fc2.scales", s2), bias2]
         return str(
