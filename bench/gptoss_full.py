@@ -46,7 +46,8 @@ def main() -> None:
         engine.step()
     per_token = (time.perf_counter() - started) / args.new
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
-    print(json.dumps({"load_s": load, "decode_s_per_token": per_token, "decode_tok_s": 1 / per_token, "peak_rss_gb": peak}))
+    figures = {"load_s": load, "decode_s_per_token": per_token, "decode_tok_s": 1 / per_token, "peak_rss_gb": peak}
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ heads, head_dim, expert intermediate size, context) stays in DecoderConfig. Read
 from __future__ import annotations
 
 import math
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,25 +137,57 @@ def rope_caches(c: DecoderConfig, spec: GptOssSpec) -> tuple[np.ndarray, np.ndar
     return (np.cos(freqs) * scale).astype(np.float32), (np.sin(freqs) * scale).astype(np.float32)
 
 
-def random_gptoss_weights(
-    c: DecoderConfig, spec: GptOssSpec, seed: int, *, expert_codes: bool = False
-) -> dict[str, np.ndarray]:
+class LazyWeights(Mapping[str, np.ndarray]):
+    """Weights made on access, each from its own seeded generator: a graph builder that writes each
+    tensor out as it goes never holds a real-shape model in memory."""
+
+    def __init__(self, makers: dict[str, Callable[[np.random.Generator], np.ndarray]], seed: int) -> None:
+        self._makers = makers
+        self._seed = seed
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._makers[name](np.random.default_rng([self._seed, zlib.crc32(name.encode())]))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._makers
+
+
+def random_gptoss_weights(c: DecoderConfig, spec: GptOssSpec, seed: int, *, expert_codes: bool = False) -> LazyWeights:
     """Seeded random weights in HF's GptOss names and layouts (experts [E, H, 2I] interleaved gate/up).
 
     expert_codes: draw the experts directly as spec.expert_bits block codes and scales (QMoE layout,
     fc1/fc2 .codes/.scales), so a real-shape model never holds its experts in fp32."""
-    rng = np.random.default_rng(seed)
     h, d, i_size, e = c.hidden_size, c.head_dim, c.intermediate_size, spec.num_experts
 
-    def normal(*shape: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+    def normal(*shape: int, std: float = 0.02, mean: float = 0.0) -> Callable[[np.random.Generator], np.ndarray]:
+        def make(rng: np.random.Generator) -> np.ndarray:
+            return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std) + np.float32(mean)).astype(
+                np.float32
+            )
 
-    w = {"model.embed_tokens.weight": normal(c.vocab_size, h, std=1.0), "model.norm.weight": 1 + normal(h, std=0.1)}
-    w["lm_head.weight"] = normal(c.vocab_size, h, std=h**-0.5)
+        return make
+
+    def codes(shape: tuple[int, int, int], bits: int) -> Callable[[np.random.Generator], np.ndarray]:
+        return lambda rng: _random_codes(rng, shape, bits)
+
+    def full(shape: tuple[int, ...], value: float) -> Callable[[np.random.Generator], np.ndarray]:
+        return lambda _rng: np.full(shape, value, dtype=np.float32)
+
+    w = {
+        "model.embed_tokens.weight": normal(c.vocab_size, h, std=1.0),
+        "model.norm.weight": normal(h, std=0.1, mean=1.0),
+        "lm_head.weight": normal(c.vocab_size, h, std=h**-0.5),
+    }
     for layer in range(c.num_layers):
         p = f"model.layers.{layer}."
-        w[p + "input_layernorm.weight"] = 1 + normal(h, std=0.1)
-        w[p + "post_attention_layernorm.weight"] = 1 + normal(h, std=0.1)
+        w[p + "input_layernorm.weight"] = normal(h, std=0.1, mean=1.0)
+        w[p + "post_attention_layernorm.weight"] = normal(h, std=0.1, mean=1.0)
         for m, rows in (("q", c.num_heads * d), ("k", c.num_kv_heads * d), ("v", c.num_kv_heads * d)):
             w[p + f"self_attn.{m}_proj.weight"] = normal(rows, h, std=h**-0.5)
             w[p + f"self_attn.{m}_proj.bias"] = normal(rows)
@@ -166,14 +200,13 @@ def random_gptoss_weights(
         w[p + "mlp.experts.down_proj_bias"] = normal(e, h)
         if expert_codes and spec.expert_bits:
             for name, n, k in (("fc1", 2 * i_size, h), ("fc2", h, i_size)):
-                w[p + f"mlp.experts.{name}.codes"] = _random_codes(rng, (e, n, k), spec.expert_bits)
+                w[p + f"mlp.experts.{name}.codes"] = codes((e, n, k), spec.expert_bits)
                 qmax = (1 << (spec.expert_bits - 1)) - 1  # uniform codes: std ~ qmax / sqrt(3) steps
-                scale = np.float32(k**-0.5 * np.sqrt(3) / qmax)
-                w[p + f"mlp.experts.{name}.scales"] = np.full((e, n, k // EXPERT_BLOCK), scale, dtype=np.float32)
+                w[p + f"mlp.experts.{name}.scales"] = full((e, n, k // EXPERT_BLOCK), k**-0.5 * np.sqrt(3) / qmax)
         else:
             w[p + "mlp.experts.gate_up_proj"] = normal(e, h, 2 * i_size, std=h**-0.5)
             w[p + "mlp.experts.down_proj"] = normal(e, i_size, h, std=i_size**-0.5)
-    return w
+    return LazyWeights(w, seed)
 
 
 def _random_codes(rng: np.random.Generator, shape: tuple[int, int, int], bits: int) -> np.ndarray:

@@ -12,13 +12,14 @@ the window is a mask, so batching and resume work exactly as for the other graph
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from service.engine.builder import MODEL_FILE, save_model
+from service.engine.builder import EXTERNAL_DATA_THRESHOLD, MODEL_FILE, save_model
 from service.engine.config import DecoderConfig, ModelMeta, write_config
 from service.engine.cpu import cpu_features
 from service.engine.gptoss import EXPERT_BLOCK, SLIDING, GptOssSpec, rope_caches
@@ -49,13 +50,14 @@ def quantize_experts(w: np.ndarray, bits: int, block: int = EXPERT_BLOCK) -> tup
 def build_gptoss_graph(
     config: DecoderConfig,
     spec: GptOssSpec,
-    w: dict[str, np.ndarray],
+    w: Mapping[str, np.ndarray],
     *,
     quantize_dense: bool,
+    writer: GraphWriter | None = None,
 ) -> onnx.ModelProto:
     """Weights `w` in HF GptOss names/layouts. spec.expert_bits: None keeps fp32 experts (reference tests)."""
     c = config
-    g = GraphWriter()
+    g = writer or GraphWriter()
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
 
     def linear(x: str, name: str, weight: np.ndarray, bias: np.ndarray | None = None) -> str:
@@ -190,6 +192,37 @@ def build_gptoss_graph(
     return g.model(inputs, outputs, {"": 17, MS: 1})
 
 
+class ExternalWriter(GraphWriter):
+    """Tensors of 1 MiB or more go straight into a data file beside the model as they are made, so a
+    real-shape model is never whole in memory (and no tensor meets protobuf's 2 GiB limit)."""
+
+    def __init__(self, data_path: Path) -> None:
+        super().__init__()
+        self._file = data_path.open("wb")
+        self._location = data_path.name
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        array = np.ascontiguousarray(array)
+        if array.nbytes < 1 << 20:
+            return super().weight(name, array)
+        offset = self._file.tell()
+        pad = -offset % 4096  # page-aligned, so ORT can map the file
+        self._file.write(b"\0" * pad)
+        offset += pad
+        self._file.write(array.reshape(-1).view(np.uint8).data)
+        tensor = onnx.TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+        tensor.dims.extend(array.shape)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self._location), ("offset", str(offset)), ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.initializers.append(tensor)
+        return name
+
+    def close(self) -> None:
+        self._file.close()
+
+
 def window_layers(spec: GptOssSpec) -> list[int]:
     """Layers whose KV cache holds only the sliding window."""
     if spec.sliding_window <= 0:
@@ -201,14 +234,22 @@ def write_gptoss_model(
     out_dir: Path,
     config: DecoderConfig,
     spec: GptOssSpec,
-    weights: dict[str, np.ndarray],
+    weights: Mapping[str, np.ndarray],
     *,
     quantize_dense: bool,
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """config.json + model.onnx for the engine (shared-buffer KV cache, last-position logits)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_model(build_gptoss_graph(config, spec, weights, quantize_dense=quantize_dense), out_dir / MODEL_FILE)
+    if spec.total_parameters(config) * 4 > EXTERNAL_DATA_THRESHOLD:  # would be large in fp32: stream it out
+        writer = ExternalWriter(out_dir / (MODEL_FILE + ".data"))
+        try:
+            model = build_gptoss_graph(config, spec, weights, quantize_dense=quantize_dense, writer=writer)
+        finally:
+            writer.close()
+        onnx.save_model(model, str(out_dir / MODEL_FILE))  # the big tensors are already in the data file
+    else:
+        save_model(build_gptoss_graph(config, spec, weights, quantize_dense=quantize_dense), out_dir / MODEL_FILE)
     scheme: dict[str, Any] | None = None
     if quantize_dense or spec.expert_bits:
         scheme = {
