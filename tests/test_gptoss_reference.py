@@ -130,6 +130,53 @@ def test_genai_builder_export_matches_transformers(hf_model: tuple[Any, Path], t
     assert tokens == [int(t) for t in ref.argmax(-1)]
 
 
+def test_genai_int4_export_from_mxfp4_tensors_serves_batched(hf_model: tuple[Any, Path], tmp_path: Path) -> None:
+    """`-p int4 -e cpu` needs the original checkpoint's MXFP4 expert tensors (*_blocks, *_scales):
+    given random ones, the builder writes QMoE int4 experts that the engine loads and batches exactly."""
+    pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+    pytest.importorskip("onnx_ir", reason="onnx_ir (the builder's dependency) is not installed")
+    from safetensors.torch import load_file, save_file
+
+    from service.engine.info import model_info
+
+    model, hf_dir = hf_model
+    ckpt = tmp_path / "mxfp4"
+    ckpt.mkdir()
+    for path in hf_dir.iterdir():
+        (ckpt / path.name).write_bytes(path.read_bytes())
+    _save_tokenizer(ckpt)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    c = model.config
+    h, inter = c.hidden_size, c.intermediate_size
+    gen = torch.Generator().manual_seed(1)
+    for layer in range(c.num_hidden_layers):
+        p = f"model.layers.{layer}.mlp.experts."
+        for name, n, k in (("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)):
+            e = c.num_local_experts
+            tensors[p + name + "_blocks"] = torch.randint(0, 256, (e, n, k // 32, 16), generator=gen, dtype=torch.uint8)
+            tensors[p + name + "_scales"] = torch.full((e, n, k // 32), 124, dtype=torch.uint8)  # e8m0: 2^-3
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "genai-int4"
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt), "-i", str(ckpt)]
+    subprocess.run([*cmd, "-o", str(out), "-p", "int4", "-e", "cpu", "-c", str(tmp_path / "cache")], check=True)
+    info = model_info(out)
+    assert info["mixture_of_experts"]["expert_op"] == "QMoE" and info["mixture_of_experts"]["expert_bits"] == 4
+    assert info["attention"]["window_sized_cache_layers"] == [0, 2]
+
+    def run(prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+        engine = OnnxEngine(out, intra_op_threads=1)
+        for key, ids in prompts.items():
+            engine.add_sequence(key, ids, SamplingParams(max_new_tokens=3 * WINDOW, temperature=1.0, seed=3))
+        got: dict[str, list[int]] = {}
+        while engine.active_sequence_ids():
+            for key, token in engine.step().items():
+                got.setdefault(key, []).append(token.token_id)
+        return got
+
+    alone = run({"x": PROMPT})
+    assert run({"y": PROMPT[:3], "x": PROMPT})["x"] == alone["x"]
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_quantized_top1_agreement_is_reported(hf_model: tuple[Any, Path], tmp_path: Path, bits: int) -> None:
     """Teacher-forced over the fp32 greedy sequence: how often the quantized model's top-1 agrees."""
