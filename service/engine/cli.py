@@ -10,6 +10,8 @@ from pathlib import Path
 
 from service.engine.builder import build_random_decoder
 from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
+from service.engine.gptoss import FULL, SLIDING, GptOssSpec, random_gptoss_weights
+from service.engine.graph_gptoss import write_gptoss_model
 from service.engine.info import model_info
 from service.engine.model_dir import describe_builtin, ensure_builtin_model
 from service.engine.model_files import new_directory
@@ -39,6 +41,60 @@ SHAPES: dict[str, DecoderConfig] = {
         head_dim=32,
         intermediate_size=384,
         max_position=2048,
+    ),
+}
+
+_GPTOSS_YARN = {
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "original_max_position_embeddings": 4096,
+    "truncate": False,
+}
+
+
+def _alternating(layers: int) -> tuple[str, ...]:
+    return tuple(SLIDING if i % 2 == 0 else FULL for i in range(layers))
+
+
+# gpt-oss shapes: the decoder (intermediate_size = one expert's) and the MoE/attention extras.
+# Harmony's vocabulary and special tokens, so the service's Harmony renderer drives them.
+GPTOSS_SHAPES: dict[str, tuple[DecoderConfig, GptOssSpec]] = {
+    "gpt-oss-20b": (
+        DecoderConfig(
+            vocab_size=201_088,
+            hidden_size=2880,
+            num_layers=24,
+            num_heads=64,
+            num_kv_heads=8,
+            head_dim=64,
+            intermediate_size=2880,
+            max_position=4096,
+            rope_theta=150_000.0,
+            rms_norm_eps=1e-5,
+            tie_embeddings=False,
+            bos_token_id=199998,
+            eos_token_id=200002,
+        ),
+        GptOssSpec(32, 4, 128, _alternating(24), yarn=_GPTOSS_YARN, expert_bits=4),
+    ),
+    "gpt-oss-tiny": (
+        DecoderConfig(
+            vocab_size=201_088,
+            hidden_size=64,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            intermediate_size=64,
+            max_position=1024,
+            rope_theta=150_000.0,
+            rms_norm_eps=1e-5,
+            tie_embeddings=False,
+            bos_token_id=199998,
+            eos_token_id=200002,
+        ),
+        GptOssSpec(8, 2, 16, _alternating(4), yarn=_GPTOSS_YARN, expert_bits=4),
     ),
 }
 
@@ -80,13 +136,16 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
         help="build a random-weight model of a known shape, ready for SERVICE_MODEL",
         description="A seeded random-weight decoder of a known shape. By default it is on the Harmony vocabulary "
         "(201,088 ids, chat_format harmony), so SERVICE_MODEL=OUT serves it as it is. --vocab native keeps the "
-        "original model's vocabulary size (for benchmarks; it has no tokenizer and cannot be served).",
+        "original model's vocabulary size (for benchmarks; it has no tokenizer and cannot be served). "
+        "gpt-oss shapes are always on the Harmony vocabulary.",
     )
     p.add_argument("out", type=Path, help="a new directory")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--shape", choices=sorted([*SHAPES, *GPTOSS_SHAPES]), default="tiny")
     p.add_argument("--vocab", choices=["harmony", "native"], default="harmony")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fp32", action="store_true", help="skip int8 quantization (`model quantize` can do it later)")
+    p.add_argument("--fp32", action="store_true", help="skip int8 quantization (not for gpt-oss shapes)")
+    p.add_argument("--layers", type=int, default=None, help="gpt-oss shapes: fewer layers of the same width")
+    p.add_argument("--expert-bits", type=int, choices=[4, 8], default=None, help="gpt-oss shapes (default 4)")
     p.set_defaults(func=_build_random)
 
     from service.training.cli import add_train_builtin  # torch is imported only when the command runs
@@ -119,6 +178,10 @@ def _info(args: argparse.Namespace) -> int:
 
 def _build_random(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.shape in GPTOSS_SHAPES:
+        out = _build_random_gptoss(args)
+        print(f"{out} ({time.monotonic() - started:.1f}s; serve it with SERVICE_MODEL={out})")
+        return 0
     extra = {"model_id": f"random-{args.shape}"}
     if args.vocab == "harmony":
         extra["chat_format"] = "harmony"
@@ -132,3 +195,15 @@ def _build_random(args: argparse.Namespace) -> int:
         note = "native vocabulary and no tokenizer: for benchmarks, not servable"
     print(f"{args.out} ({time.monotonic() - started:.1f}s; {note})")
     return 0
+
+
+def _build_random_gptoss(args: argparse.Namespace) -> Path:
+    """Random weights, experts drawn directly as int4/int8 codes (a real-shape model never exists in fp32)."""
+    config, spec = GPTOSS_SHAPES[args.shape]
+    layers = args.layers or config.num_layers
+    config = DecoderConfig(**{**config.to_dict(), "num_layers": layers})
+    spec = GptOssSpec(**{**spec.__dict__, "layer_types": _alternating(layers), "expert_bits": args.expert_bits or 4})
+    print("weights + graph")
+    weights = random_gptoss_weights(config, spec, args.seed, expert_codes=True)
+    extra = {"model_id": f"random-{args.shape}", "chat_format": "harmony", "seed": args.seed}
+    return write_gptoss_model(args.out, config, spec, weights, quantize_dense=True, extra=extra)

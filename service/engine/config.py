@@ -75,7 +75,7 @@ class DecoderConfig:
             head_dim=int(d.get("head_dim") or hidden // heads),
             intermediate_size=int(d["intermediate_size"]),
             max_position=int(d.get("max_position_embeddings", 2048)),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_theta=float(d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
             bos_token_id=d.get("bos_token_id"),
@@ -108,6 +108,29 @@ class ModelMeta:
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n"
+
+
+GENAI_CONFIG_FILE = "genai_config.json"
+
+
+def _from_genai(genai: dict[str, Any]) -> dict[str, Any]:
+    """An onnxruntime-genai export without config.json: its genai_config.json, in HF-style keys."""
+    model = genai["model"]
+    dec = model["decoder"]
+    return {
+        "vocab_size": model["vocab_size"],
+        "hidden_size": dec["hidden_size"],
+        "num_hidden_layers": dec["num_hidden_layers"],
+        "num_attention_heads": dec["num_attention_heads"],
+        "num_key_value_heads": dec["num_key_value_heads"],
+        "head_dim": dec["head_size"],
+        "intermediate_size": 0,  # not recorded by the builder; the engine does not need it
+        "max_position_embeddings": model["context_length"],
+        "bos_token_id": model.get("bos_token_id"),
+        "eos_token_id": model.get("eos_token_id"),
+        "graph": "onnxruntime-genai",
+        "model_type": model.get("type"),
+    }
 
 
 def read_config(model_dir: Path) -> ModelMeta:

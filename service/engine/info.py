@@ -12,6 +12,7 @@ import onnxruntime as ort
 
 from service.engine.config import read_config
 from service.engine.cpu import cpu_features
+from service.engine.info_moe import describe_moe, logical_parameters
 from service.engine.model_files import ModelDirError, find_model_file
 
 _REPORTED_OPS = (
@@ -28,6 +29,8 @@ _REPORTED_OPS = (
     "MultiHeadAttention",
     "Gather",
     "Softmax",
+    "MoE",
+    "QMoE",
 )
 
 
@@ -43,6 +46,14 @@ def model_info(model_dir: Path) -> dict[str, Any]:
     stored = sum(f.stat().st_size for f in model_dir.iterdir() if f.is_file())
     weights = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     cpu = cpu_features()
+    moe, attention = describe_moe(model)
+    # genai_config.json does not give the MLP width: no count then
+    parameters: int | None = meta.decoder.parameter_count() if meta.decoder.intermediate_size else None
+    extra: dict[str, Any] = {}
+    if moe is not None:  # MoE: the Llama formula does not apply; count the graph's weights
+        total, idle = logical_parameters(model)
+        parameters = total
+        extra = {"mixture_of_experts": moe, "active_parameters": total - idle}
     return {
         "path": str(model_dir),
         "model_file": path.name,
@@ -52,8 +63,9 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         "chat_format": meta.extra.get("chat_format"),
         "quantization": meta.extra.get("quantization"),
         "decoder": meta.decoder.to_dict(),
-        # genai_config.json does not give the MLP width: no count then
-        "parameters": meta.decoder.parameter_count() if meta.decoder.intermediate_size else None,
+        "parameters": parameters,
+        **extra,
+        "attention": attention,
         "stored_weight_elements": weights,
         "size_bytes": stored,
         "op_counts": {op: ops[op] for op in _REPORTED_OPS if ops[op]},

@@ -26,11 +26,13 @@ computed never changes what is sampled. Unconstrained sequences skip all of it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -59,17 +61,17 @@ class _Sequence:
 
 
 class _SlotPool:
-    """One [capacity, kv_heads, max_context, d] array per past tensor; slot i is row i of each.
+    """One [capacity, kv_heads, rows, d] array per past tensor; slot i is row i of each.
 
-    Rows are bound to the session by pointer (a contiguous run of rows along axis 0 is one
-    [rows, kv_heads, max_context, d] tensor), so a batch over slots 0..n-1 needs no gather. Arrays
-    come from np.zeros (calloc): pages are committed only as GQA writes them. The pool grows by
-    doubling, copying only each live row's filled prefix."""
+    `rows` is max_context, or a sliding-window layer's cache capacity (GQA with sliding_window_cache
+    keeps the most recent positions there and evicts on its own). Rows are bound to the session by
+    pointer (a contiguous run of slots along axis 0 is one [slots, kv_heads, rows, d] tensor), so a
+    batch over slots 0..n-1 needs no gather. Arrays come from np.zeros (calloc): pages are committed
+    only as GQA writes them. The pool grows by doubling, copying only each live slot's filled prefix."""
 
-    def __init__(self, count: int, kv_heads: int, max_context: int, head_dim: int, dtype: type) -> None:
-        self.row_shape = (kv_heads, max_context, head_dim)
+    def __init__(self, row_shapes: list[tuple[int, int, int]], dtype: type) -> None:
+        self.row_shapes = row_shapes
         self.dtype = np.dtype(dtype)
-        self.count = count
         self.arrays: list[np.ndarray] = []
         self.capacity = 0
 
@@ -78,10 +80,10 @@ class _SlotPool:
         if capacity <= self.capacity:
             return
         new_cap = max(capacity, 2 * self.capacity, 1)
-        arrays = [np.zeros((new_cap, *self.row_shape), dtype=self.dtype) for _ in range(self.count)]
+        arrays = [np.zeros((new_cap, *shape), dtype=self.dtype) for shape in self.row_shapes]
         for old, new in zip(self.arrays, arrays, strict=False):
             for slot, length in live:
-                new[slot, :, :length] = old[slot, :, :length]
+                new[slot, :, :length] = old[slot, :, :length]  # a window cache's resident rows are a prefix
         self.arrays, self.capacity = arrays, new_cap
 
     def clear(self) -> None:
@@ -92,10 +94,9 @@ class _SlotPool:
             arr[dst, :, :length] = arr[src, :, :length]
 
     def bind(self, io: ort.IOBinding, past_names: list[str], present_names: list[str], first: int, rows: int) -> None:
-        shape = [rows, *self.row_shape]
-        offset = first * int(np.prod(self.row_shape)) * self.dtype.itemsize
         for past, present, arr in zip(past_names, present_names, self.arrays, strict=True):
-            ptr = arr.ctypes.data + offset
+            shape = [rows, *arr.shape[1:]]
+            ptr = arr[first].ctypes.data
             io.bind_input(past, "cpu", 0, self.dtype.type, shape, ptr)
             io.bind_output(present, "cpu", 0, self.dtype.type, shape, ptr)  # written in place
 
@@ -125,7 +126,11 @@ class OnnxEngine:
         names = meta.extra.get("io_names")
         self.layout: GraphLayout = detect_layout(self.session, self.config, shared_buffer=shared, names=names)
         lay = self.layout
-        self._pool = _SlotPool(len(lay.past_names), lay.kv_heads, self.max_context, lay.head_dim, lay.kv_dtype)
+        windows = window_capacities(self.model_dir, meta.extra)
+        shapes = [
+            (lay.kv_heads, windows.get(i // 2, self.max_context), lay.head_dim) for i in range(len(lay.past_names))
+        ]
+        self._pool = _SlotPool(shapes, lay.kv_dtype)
         self._slots: list[_Sequence] = []  # shared-buffer layout: _slots[i].slot == i
         # Largest batch one decode run takes (more active sequences run in several batches).
         self.max_batch = max_batch
@@ -322,3 +327,21 @@ def _compute_masks(constraints: list[LogitsConstraint]) -> None:
     """Warm each constraint's memoized mask for the next step (runs beside the forward pass)."""
     for constraint in constraints:
         constraint.allowed_token_ids()
+
+
+def window_capacities(model_dir: Path, extra: dict[str, Any]) -> dict[int, int]:
+    """Layers whose KV cache is a sliding window (GQA sliding_window_cache): layer -> cache rows.
+
+    Ours declare it in config.json ("kv_window"), onnxruntime-genai's in genai_config.json."""
+    ours = extra.get("kv_window")
+    if ours:
+        return {int(layer): int(ours["capacity"]) for layer in ours["layers"]}
+    path = model_dir / "genai_config.json"
+    if not path.exists():
+        return {}
+    window = json.loads(path.read_text()).get("model", {}).get("decoder", {}).get("sliding_window")
+    if not window:
+        return {}
+    capacity = int(window["window_size"]) + int(window.get("cache_slack", 0))
+    return {int(layer): capacity for layer in window.get("layers", [])}
+
