@@ -166,7 +166,9 @@ def _types(response: object) -> list[str]:
 
 
 def test_a_plain_request_completes_with_reasoning_and_a_message(client: openai.OpenAI) -> None:
-    response = client.responses.create(model=BUILTIN_NAME, input="Say hello to Alice.", extra_body={"seed": 1})
+    response = client.responses.create(
+        model=BUILTIN_NAME, input="Say hello to Alice.", temperature=0, extra_body={"seed": 1}
+    )
     assert response.status == "completed", response.model_dump_json()
     assert response.model == BUILTIN_NAME
     assert _types(response) == ["reasoning", "message"]
@@ -181,6 +183,7 @@ def test_a_streamed_request_completes_and_the_sdk_gets_the_final_response(client
         model=BUILTIN_NAME,
         input="Write a short poem about the sea.",
         reasoning={"effort": "high"},
+        temperature=0,
         extra_body={"seed": 2},
     ) as stream:
         kinds = [event.type for event in stream]
@@ -201,6 +204,7 @@ def test_a_matching_tool_is_called_and_its_output_answered(client: openai.OpenAI
         input="What's the weather in Paris?",
         tools=[WEATHER],
         tool_choice="auto",
+        temperature=0,
         extra_body={"seed": 3},
     )
     assert first.status == "completed", first.model_dump_json()
@@ -219,6 +223,7 @@ def test_a_matching_tool_is_called_and_its_output_answered(client: openai.OpenAI
         previous_response_id=first.id,
         input=tool_result,
         tools=[WEATHER],
+        temperature=0,
         extra_body={"seed": 4},
     )
     assert second.status == "completed", second.model_dump_json()
@@ -231,6 +236,7 @@ def test_without_a_fitting_tool_it_answers_without_calling(client: openai.OpenAI
         model=BUILTIN_NAME,
         input="Tell me about the penguin.",
         tools=[WEATHER],
+        temperature=0,
         extra_body={"seed": 5},
     )
     assert response.status == "completed"

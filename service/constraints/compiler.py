@@ -25,7 +25,9 @@ from service.constraints.strict_schema import StrictSchemaError, check_strict_sc
 GrammarKind = Literal["json_schema", "lark", "regex"]
 DEFAULT_MAX_GRAMMAR_BYTES = 64 * 1024
 CACHE_SIZE = 256
-_JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: no whitespace loops, ends at once
+# One fixed layout, json.dumps' default (`{"a": 1, "b": 2}`), which is how models (ours included) write
+# arguments: no whitespace loops, and the value ends as soon as it is closed.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TOO_DEEP = ""  # the source of a schema nested too deeply to serialise
 
 
