@@ -37,6 +37,13 @@ class Settings(BaseModel):
     # Largest JSON schema / Lark grammar / regex (bytes) accepted in text.format or a tool.
     max_grammar_bytes: int = Field(default=64 * 1024, ge=1)
     api_key: str | None = None
+    # Limits (see service/limits.py). Requests per minute per key (0 = no limit; unauthenticated
+    # loopback use is not rate-limited), runs queued or generating per project, runs queued or
+    # generating in all (503 beyond), open event streams on one response.
+    rate_limit_requests_per_minute: int = Field(default=600, ge=0)
+    max_runs_per_project: int = Field(default=64, ge=1)
+    max_queued_runs: int = Field(default=1024, ge=1)
+    max_sse_subscribers_per_response: int = Field(default=32, ge=1)
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     def reasoning_budget(self, effort: str) -> int:
