@@ -73,7 +73,7 @@ def authentication_mode(settings: Settings, *, host: str, allow_unauthenticated:
     async def stored_keys() -> bool:
         try:
             async with db.connect() as connection:
-                return await keys.any_active_key(connection)
+                return await keys.any_key(connection)
         finally:
             await db.dispose()
 

@@ -67,7 +67,7 @@ class Authenticator:
         if self.env_key is not None:
             return True
         async with self.db.connect() as connection:
-            return await keys.any_active_key(connection)
+            return await keys.any_key(connection)
 
     async def identify(self, header: bytes | None) -> Identity:
         if not await self.required():

@@ -81,8 +81,10 @@ async def revoke_key(connection: AsyncConnection, name: str) -> None:
         raise KeyProblem(f"no active key named {name!r}")
 
 
-async def any_active_key(connection: AsyncConnection) -> bool:
-    found = await connection.scalar(sa.select(api_keys.c.name).where(api_keys.c.revoked_at.is_(None)).limit(1))
+async def any_key(connection: AsyncConnection) -> bool:
+    """Whether keys are in use: once one has been created, revoked ones included, the server requires
+    a key (revoking the last key must not open the server to everyone)."""
+    found = await connection.scalar(sa.select(api_keys.c.name).limit(1))
     return found is not None
 
 
