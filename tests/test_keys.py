@@ -74,7 +74,7 @@ MALFORMED_HEADERS = {
     "not UTF-8": b"Bearer \xff\xfe",
     "Latin-1": "Bearer sk-h\xf6".encode("latin-1"),
     "wrong scheme": b"Basic dXNlcjpwYXNz",
-    "empty key": b"Bearer ",
+    "empty key": b"Bearer",
     "empty": b"",
     "no scheme": b"sk-env-key",
 }
