@@ -107,7 +107,7 @@ def test_service_api_key_is_a_key_of_the_default_project(database_url: str, serv
 
 def test_without_a_key_the_server_listens_on_loopback_only(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    refused = run_cli("serve", "--host", "0.0.0.0", "--port", "1", SERVICE_DATABASE_URL=url)
+    refused = run_cli("serve", "--host", "0.0.0.0", "--port", "1", "--log-level", "warning", SERVICE_DATABASE_URL=url)
     assert_one_line_error(refused, "no API key is configured", "0.0.0.0", "--allow-unauthenticated")
 
 
