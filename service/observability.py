@@ -191,7 +191,7 @@ class RequestContextMiddleware:
 
 
 # -- JSON log lines ------------------------------------------------------------------------------
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
