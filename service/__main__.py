@@ -154,8 +154,8 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     with _remembering_ctrl_c():  # checked when start-up ends, before the server takes SIGINT over
         log.info("database %s", migrate_sync(settings.database_url).describe())
         mode = authentication_mode(settings, host=args.host, allow_unauthenticated=args.allow_unauthenticated)
-        log.log(logging.WARNING if mode.startswith("unauthenticated") else logging.INFO, mode)
         runtime = load_runtime(settings)
+    log.log(logging.WARNING if mode.startswith("unauthenticated") else logging.INFO, mode)
     app = create_app(settings, runtime=runtime)
 
     class DrainingServer(uvicorn.Server):
