@@ -54,6 +54,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.draining = asyncio.Event()
         state.commands = Commands(db, model, supervisor, notifier, settings)
         state.authenticator = Authenticator(db, settings.api_key)
+        await state.authenticator.required()  # read while the store is surely up
         state.rate_limiter = RequestRateLimiter(settings.rate_limit_requests_per_minute)
         state.subscribers = SubscriberLimit(settings.max_sse_subscribers_per_response)
         await supervisor.start()

@@ -11,6 +11,7 @@ is a 401 like a wrong key."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import time
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.errors import Unauthorized
 from service.store import keys
+from service.store.faults import is_transient
 from service.store.schema import DEFAULT_PROJECT
 
 ENV_KEY_NAME = "SERVICE_API_KEY"
 TOUCH_INTERVAL_SECONDS = 60.0  # last_used_at is written at most this often per key
+KEYS_RECHECK_SECONDS = 1.0  # while no key exists, how often a request looks for a new one
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,26 @@ class Authenticator:
         self.db = db
         self.env_key = env_key.encode() if env_key else None
         self._touched: dict[str, float] = {}
+        # Keys are never deleted (only revoked), so once any exists authentication stays on; until
+        # then the table is looked at again at most every KEYS_RECHECK_SECONDS.
+        self._keys_exist = False
+        self._checked_at = -KEYS_RECHECK_SECONDS
 
     async def required(self) -> bool:
-        if self.env_key is not None:
+        if self.env_key is not None or self._keys_exist:
             return True
-        async with self.db.connect() as connection:
-            return await keys.any_key(connection)
+        now = time.monotonic()
+        if now - self._checked_at < KEYS_RECHECK_SECONDS:
+            return False
+        try:
+            async with self.db.connect() as connection:
+                self._keys_exist = await keys.any_key(connection)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            return False  # the store is away: as it was when last seen (start-up reads it while it is up)
+        self._checked_at = now
+        return self._keys_exist
 
     async def identify(self, header: bytes | None) -> Identity:
         if not await self.required():
@@ -87,8 +104,9 @@ class Authenticator:
         if now - self._touched.get(name, 0.0) < TOUCH_INTERVAL_SECONDS:
             return
         self._touched[name] = now
-        async with self.db.begin() as connection:
-            await keys.touch(connection, name, at=now)
+        with contextlib.suppress(Exception):  # best effort: a busy store must not refuse the request
+            async with self.db.begin() as connection:
+                await keys.touch(connection, name, at=now)
 
 
 class AuthMiddleware:
