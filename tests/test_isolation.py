@@ -86,6 +86,13 @@ def test_another_projects_key_gets_the_unknown_id_404_on_every_path(
     assert status == 200 and isinstance(theirs_created, dict)
     assert _call(server.url, key_a, "GET", f"/v1/responses/{theirs_created['id']}", {})[0] == 404
 
+    # The owner is in the log too: rebuilding the projections keeps it.
+    server.stop()
+    assert run_cli("rebuild-projections", SERVICE_DATABASE_URL=database_url).returncode == 0
+    owners = dict(sql_rows(database_url, "SELECT id, project FROM responses"))
+    assert owners.pop(theirs_created["id"]) == "project-b" and owners[first["id"]] == "project-a"
+    assert set(owners.values()) == {"project-a"}
+
 
 def _wait_until_terminal(url: str, key: str, response_id: str) -> None:
     deadline = time.monotonic() + 120
