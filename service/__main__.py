@@ -1,4 +1,4 @@
-"""Command line: serve, migrate, model …, inspect, rebuild-projections.
+"""Command line: serve, migrate, keys …, model …, inspect, rebuild-projections.
 
 What goes wrong in the user's setup (a bad setting, a database that cannot be opened, a model
 directory that cannot be served, a response that does not exist) ends the command with one line
@@ -33,6 +33,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="listen beyond loopback although no API key is configured (anyone who reaches it may use it)",
+    )
+
+    keys = commands.add_parser("keys", help="manage API keys: create, list, revoke")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create_key = key_commands.add_parser("create", help="create a key; the key is printed alone on the last line")
+    create_key.add_argument("name")
+    create_key.add_argument("--project", default=None, help="the project that owns what the key creates")
+    key_commands.add_parser("list", help="name, project, prefix, created and last-used times (never the key)")
+    revoke_key = key_commands.add_parser("revoke", help="revoke a key: it is refused from then on")
+    revoke_key.add_argument("name")
 
     commands.add_parser("migrate", help="apply database migrations and exit")
     commands.add_parser("rebuild-projections", help="drop and rebuild the responses/conversation tables from the log")
@@ -45,12 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     add_model_commands(commands)
     args = parser.parse_args(argv)
     from service.engine.model_files import ModelDirError
+    from service.key_cli import KeysCommandError
     from service.store.db import DatabaseUnavailable
 
     try:
         with _remembering_ctrl_c():
             return _run(args)
-    except (CommandError, DatabaseUnavailable, ModelDirError) as exc:
+    except (CommandError, DatabaseUnavailable, ModelDirError, KeysCommandError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -77,6 +92,11 @@ def _run(args: argparse.Namespace) -> int:
     settings = settings_from_env()
     if args.command == "serve":
         return _serve(settings, args)
+    if args.command == "keys":
+        from service.key_cli import run_keys_command
+
+        _require_migrated(settings.database_url)
+        return run_keys_command(settings.database_url, args)
     if args.command == "migrate":
         from service.store.db import migrate_sync
 
@@ -124,13 +144,18 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import begin_drain, create_app
+    from service.key_cli import authentication_mode
     from service.models import load_runtime
+    from service.observability import configure_logging
     from service.store.db import migrate_sync
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
+    log = logging.getLogger(__name__)
     with _remembering_ctrl_c():  # checked when start-up ends, before the server takes SIGINT over
-        logging.getLogger(__name__).info("database %s", migrate_sync(settings.database_url).describe())
+        log.info("database %s", migrate_sync(settings.database_url).describe())
+        mode = authentication_mode(settings, host=args.host, allow_unauthenticated=args.allow_unauthenticated)
         runtime = load_runtime(settings)
+    log.log(logging.WARNING if mode.startswith("unauthenticated") else logging.INFO, mode)
     app = create_app(settings, runtime=runtime)
 
     class DrainingServer(uvicorn.Server):
@@ -138,7 +163,15 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
             asyncio.get_event_loop().create_task(begin_drain(app))
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+        log_config=None,  # uvicorn's loggers write through configure_logging's JSON handler
+        access_log=False,  # service.access writes one JSON line per request instead
+    )
     server = DrainingServer(config)
     server.run()
     return 0 if server.started else 1  # uvicorn logged why it could not start

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -20,11 +19,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.commands import Commands
 from service.config import Settings
-from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable, Unauthorized
+from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable
+from service.http.auth import Authenticator, AuthMiddleware
 from service.http.routes import routes
+from service.limits import RateLimitMiddleware, RequestRateLimiter, SubscriberLimit
 from service.model_runtime import ModelRuntime
 from service.models import load_runtime
 from service.notify import Notifier
+from service.observability import RequestContextMiddleware
 from service.runs import RunSupervisor
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
@@ -53,6 +55,10 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.draining = asyncio.Event()
         state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
         state.commands = Commands(db, model, supervisor, notifier, settings)
+        state.authenticator = Authenticator(db, settings.api_key)
+        await state.authenticator.required()  # read while the store is surely up
+        state.rate_limiter = RequestRateLimiter(settings.rate_limit_requests_per_minute)
+        state.subscribers = SubscriberLimit(settings.max_sse_subscribers_per_response)
         await supervisor.start()
         try:
             yield
@@ -64,7 +70,12 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(UnexpectedErrorMiddleware), Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
+        middleware=[
+            Middleware(RequestContextMiddleware, routes=routes),
+            Middleware(UnexpectedErrorMiddleware),
+            Middleware(AuthMiddleware),
+            Middleware(RateLimitMiddleware),
+        ],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},
     )
 
@@ -81,7 +92,7 @@ async def begin_drain(app: Starlette) -> None:
 
 async def _api_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    headers = {"Allow": ", ".join(exc.allow)} if isinstance(exc, MethodNotAllowed) else None
+    headers = {"Allow": ", ".join(exc.allow)} if isinstance(exc, MethodNotAllowed) else getattr(exc, "headers", None)
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
 
@@ -136,22 +147,3 @@ class UnexpectedErrorMiddleware:
                 error = ServerError("The server had an error while processing your request.")
                 reply = JSONResponse(error.body(), status_code=500)
             await reply(scope, receive, send)
-
-
-class ApiKeyMiddleware:
-    """Bearer-token check when SERVICE_API_KEY is set (the openai client sends it)."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app = app
-        self.api_key = api_key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.api_key and scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            headers = dict(scope["headers"])
-            # Compared as bytes: a header that is not UTF-8 (Latin-1, say) is simply a wrong key.
-            expected = b"Bearer " + self.api_key.encode()
-            if not hmac.compare_digest(headers.get(b"authorization", b""), expected):
-                response = JSONResponse(Unauthorized().body(), status_code=401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

@@ -11,9 +11,11 @@ from typing import Any, Literal
 import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import observability as metrics
 from service.config import Settings
 from service.constraints.plan import constraint_spec
 from service.errors import InvalidRequest, NotFound
+from service.limits import check_runs
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.prompting.base import PromptRequest
@@ -29,6 +31,7 @@ from service.protocol import (
 from service.run_state import sampling_fact
 from service.runs import RunSupervisor
 from service.store import leases, read_models, recorder
+from service.store.schema import DEFAULT_PROJECT
 from service.stream_builder import StreamBuilder
 
 
@@ -48,17 +51,27 @@ class Commands:
         self.notifier = notifier
         self.settings = settings
 
-    async def create(self, request: CreateResponseRequest) -> CreatedResponse:
+    async def create(self, request: CreateResponseRequest, *, project: str = DEFAULT_PROJECT) -> CreatedResponse:
+        """A new response owned by `project` (the project of the key that asked)."""
         if request.model not in (None, self.runtime.model_id):
             raise NotFound(
                 f"The model '{request.model}' does not exist. This server serves '{self.runtime.model_id}'.",
                 param="model",
             )
+        context = self.runtime.engine.max_context
+        if request.max_output_tokens is not None and request.max_output_tokens >= context:
+            raise InvalidRequest(
+                f"max_output_tokens is {request.max_output_tokens}; this model's context window holds {context} "
+                f"tokens, prompt included, so at most {context - 1} can be generated.",
+                param="max_output_tokens",
+                code="max_output_tokens_too_large",
+            )
+        await self._check_run_limits(project)
         response_id = new_response_id()
         input_items = normalize_input(request, response_id)
         history: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
-            history = await self._history(request.previous_response_id)
+            history = await self._history(request.previous_response_id, project=project)
 
         _check_call_ids(history, input_items)
 
@@ -94,6 +107,7 @@ class Commands:
             # truncation='auto' may have dropped some of them from the prompt: keep them for the projections.
             **({"input_items": input_items} if prompt_request.items[-len(input_items) :] != input_items else {}),
             "store": request.store,
+            "project": project,  # the owner, in the log, so that a rebuild keeps it
             "logprobs": wants_logprobs(request),
             "sampling": sampling_fact(
                 max_new_tokens=max_new,
@@ -106,18 +120,32 @@ class Commands:
             ),
         }
         created_event = StreamBuilder(response).created()[0]
-        await recorder.create_response(
+        with metrics.EVENT_APPEND.labels("create").time():
+            await recorder.create_response(
             self.db,
-            request_fact=fact,
-            created_event=created_event,
-            response=response,
-            input_items=input_items,
-            background=request.background,
-            lease_seconds=self.settings.lease_seconds,
-        )
+                request_fact=fact,
+                created_event=created_event,
+                response=response,
+                input_items=input_items,
+                background=request.background,
+                lease_seconds=self.settings.lease_seconds,
+                project=project,
+            )
         await self.notifier.publish([response_id])
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
+
+    async def _check_run_limits(self, project: str) -> None:
+        """429 past the project's runs in flight, 503 past the server's queue bound (see limits.py)."""
+        async with self.db.connect() as connection:
+            project_runs = await leases.unfinished_runs(connection, project=project)
+            all_runs = await leases.unfinished_runs(connection)
+        check_runs(
+            project_runs=project_runs,
+            project_limit=self.settings.max_runs_per_project,
+            all_runs=all_runs,
+            queue_limit=self.settings.max_queued_runs,
+        )
 
     async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
         """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
@@ -169,13 +197,13 @@ class Commands:
                 )
             items = shorter
 
-    async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
+    async def _history(self, previous_response_id: str, *, project: str) -> list[dict[str, Any]]:
         if not is_response_id(previous_response_id):
             raise NotFound(
                 f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
             )
         async with self.db.connect() as connection:
-            previous = await read_models.get_response(connection, previous_response_id)
+            previous = await read_models.get_response(connection, previous_response_id, project=project)
             if previous is None or previous.get("store") is False:
                 raise NotFound(
                     f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
@@ -186,11 +214,11 @@ class Commands:
                     param="previous_response_id",
                     code="previous_response_in_progress",
                 )
-            return await read_models.conversation_history(connection, previous_response_id)
+            return await read_models.conversation_history(connection, previous_response_id, project=project)
 
-    async def cancel(self, response_id: str) -> dict[str, Any]:
+    async def cancel(self, response_id: str, *, project: str) -> dict[str, Any]:
         """Idempotent: a finished background response is returned unchanged."""
-        response = await self.get(response_id)
+        response = await self.get(response_id, project=project)
         if not response.get("background"):
             raise InvalidRequest(
                 "Only responses created with background=true can be cancelled.",
@@ -199,30 +227,30 @@ class Commands:
             )
         if response["status"] in TERMINAL_STATUSES:
             return response
-        await recorder.request_cancel(self.db, response_id)
+        await recorder.request_cancel(self.db, response_id, project=project)
         self.supervisor.wake()
         await self.notifier.publish([response_id])
         # Whoever owns the run ends it within one step; a run whose owner died ends when it is
         # claimed again, at the latest one lease later.
         deadline = time.monotonic() + self.settings.lease_seconds * 2 + 5
         while time.monotonic() < deadline:
-            response = await self.get(response_id)
+            response = await self.get(response_id, project=project)
             if response["status"] in TERMINAL_STATUSES:
                 return response
             await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
-        return await self.get(response_id)
+        return await self.get(response_id, project=project)
 
-    async def cancel_foreground(self, response_id: str, *, forget: bool = False) -> None:
+    async def cancel_foreground(self, response_id: str, *, project: str, forget: bool = False) -> None:
         """The client of a plain or streaming request went away: record the run as cancelled.
         `forget` (store=false): delete the response as soon as its run has ended."""
         async with self.db.connect() as connection:
-            run = await leases.get_run(connection, response_id)
+            run = await leases.get_run(connection, response_id, project=project)
         if run is not None and not run.done:
-            await recorder.request_cancel(self.db, response_id)
+            await recorder.request_cancel(self.db, response_id, project=project)
             self.supervisor.wake()
         if forget:
             await self._wait_until_done(response_id)
-            await self.forget_unstored(response_id)
+            await self.forget_unstored(response_id, project=project)
 
     async def _wait_until_done(self, response_id: str) -> None:
         # The owner ends a cancelled run within a step; a dead owner's run ends when it is claimed.
@@ -234,24 +262,26 @@ class Commands:
                 return
             await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
 
-    async def delete(self, response_id: str) -> None:
-        if not is_response_id(response_id) or not await recorder.delete_response(self.db, response_id):
+    async def delete(self, response_id: str, *, project: str) -> None:
+        if not is_response_id(response_id) or not await recorder.delete_response(
+            self.db, response_id, project=project
+        ):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         await self.notifier.publish([response_id])
 
-    async def get(self, response_id: str) -> dict[str, Any]:
-        """A stored response as clients see it; store=false responses are never visible."""
+    async def get(self, response_id: str, *, project: str) -> dict[str, Any]:
+        """A stored response of `project` as clients see it; store=false responses are never visible."""
         if not is_response_id(response_id):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         async with self.db.connect() as connection:
-            response = await read_models.get_response(connection, response_id)
+            response = await read_models.get_response(connection, response_id, project=project)
         if response is None or response.get("store") is False:
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         return response
 
-    async def forget_unstored(self, response_id: str) -> None:
+    async def forget_unstored(self, response_id: str, *, project: str) -> None:
         """store=false: the client has read the end, so the response is deleted."""
-        await recorder.delete_response(self.db, response_id)
+        await recorder.delete_response(self.db, response_id, project=project)
 
 
 def _drop_oldest(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

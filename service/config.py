@@ -50,6 +50,13 @@ class Settings(BaseModel):
     sandbox_cpu_seconds: int = Field(default=5, ge=1)
     sandbox_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
     sandbox_processes: int = Field(default=32, ge=1)
+    # Limits (see service/limits.py). Requests per minute per key (0 = no limit; unauthenticated
+    # loopback use is not rate-limited), runs queued or generating per project, runs queued or
+    # generating in all (503 beyond), open event streams on one response.
+    rate_limit_requests_per_minute: int = Field(default=600, ge=0)
+    max_runs_per_project: int = Field(default=64, ge=1)
+    max_queued_runs: int = Field(default=1024, ge=1)
+    max_sse_subscribers_per_response: int = Field(default=32, ge=1)
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     def reasoning_budget(self, effort: str) -> int:

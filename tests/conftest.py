@@ -111,9 +111,10 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m service serve` in a subprocess, as a user would run it."""
 
-    def __init__(self, database_url: str, log_path: Path, **env: str) -> None:
+    def __init__(self, database_url: str, log_path: Path, *, log_level: str = "warning", **env: str) -> None:
         self.database_url = database_url
         self.log_path = log_path
+        self.log_level = log_level
         self.env = env
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -146,7 +147,7 @@ class ServerProcess:
                 "--port",
                 str(self.port),
                 "--log-level",
-                "warning",
+                self.log_level,
             ],
             cwd=ROOT,
             env=env,

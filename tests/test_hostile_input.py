@@ -241,8 +241,8 @@ def test_model_output_with_nul_is_storable(database_url: str) -> None:
                 await read_models.insert_response(connection, response, position=position)
                 await read_models.insert_output_items(connection, "resp_nul", events, input_item_count=0)
             async with db.connect() as connection:
-                stored = await read_models.get_response(connection, "resp_nul")
-                items = await read_models.list_items(connection, "resp_nul")
+                stored = await read_models.get_response(connection, "resp_nul", project=None)
+                items = await read_models.list_items(connection, "resp_nul", project=None)
                 text = await connection.scalar(sa.text("SELECT text FROM conversation_items"))
             return stored, items, text
         finally:

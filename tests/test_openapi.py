@@ -43,6 +43,8 @@ def test_document_covers_every_route_and_every_openai_parameter(server: ServerPr
         "/v1/models",
         "/v1/models/{model_id}",
         "/health",
+        "/ready",
+        "/metrics",
     }
     accepted = set(document["components"]["schemas"]["CreateResponseRequest"]["properties"])
     openai_params = set(ResponseCreateParamsStreaming.__annotations__)

@@ -19,6 +19,7 @@ from service.protocol import parse_create_request
 from service.runs import RunSupervisor
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
+from service.store.schema import DEFAULT_PROJECT
 from tests.doubles import CharFormat, ScriptedEngine
 
 
@@ -94,7 +95,7 @@ async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypat
     await harness.supervisor.start()
 
     async def all_done() -> bool:
-        statuses = [(await harness.commands.get(rid))["status"] for rid in ids]
+        statuses = [(await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] for rid in ids]
         return all(status == "completed" for status in statuses)
 
     await _wait(all_done)
@@ -102,7 +103,7 @@ async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypat
     script_steps = len(harness.engine.script) + 1
     assert len(batches) < 3 * script_steps * 0.6, f"{len(batches)} commits for {3 * script_steps} run-steps"
     for rid in ids:
-        final = await harness.commands.get(rid)
+        final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
         assert final["output"][0]["content"][0]["text"] == harness.engine.script
 
 
@@ -121,7 +122,7 @@ async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> N
 async def test_cancel_is_seen_within_one_step(harness: Harness) -> None:
     rid = await _start_one_slow_run(harness)
     before = len(await _events(harness, rid))
-    final = await harness.commands.cancel(rid)
+    final = await harness.commands.cancel(rid, project=DEFAULT_PROJECT)
     events = await _events(harness, rid)
     assert final["status"] == "cancelled"
     assert events[-1]["type"] == "response.incomplete"
@@ -171,8 +172,8 @@ async def test_an_engine_error_is_not_labelled_a_context_overflow(
     await harness.supervisor.start()
 
     async def failed() -> bool:
-        return (await harness.commands.get(rid))["status"] == "failed"
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "failed"
 
     await _wait(failed)
-    error = (await harness.commands.get(rid))["error"]
+    error = (await harness.commands.get(rid, project=DEFAULT_PROJECT))["error"]
     assert error["code"] == "model_error" and "out of range" in error["message"]

@@ -17,6 +17,14 @@ depends_on = None
 
 Position = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
+CONVERSATION_MESSAGES_VIEW_0001 = """
+CREATE VIEW conversation_messages AS
+SELECT c.response_id AS conversation_id,
+       (SELECT MAX(c2.depth) FROM response_chain c2 WHERE c2.response_id = c.response_id) - c.depth AS turn,
+       i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id
+FROM response_chain c JOIN conversation_items i ON i.response_id = c.ancestor_id
+"""
+
 
 def upgrade() -> None:
     op.create_table(
@@ -77,11 +85,12 @@ def upgrade() -> None:
         sa.Column("text", sa.Text, nullable=True),
         sa.Column("data", sa.Text, nullable=False),
     )
-    # Views are part of the SQL interface; their text lives with the schema.
-    from service.store.schema import CONVERSATION_MESSAGES_VIEW, RESPONSE_CHAIN_VIEW
+    # Views are part of the SQL interface; their text lives with the schema (0002 redefines
+    # conversation_messages: the version created here is kept with this revision).
+    from service.store.schema import RESPONSE_CHAIN_VIEW
 
     op.execute(RESPONSE_CHAIN_VIEW)
-    op.execute(CONVERSATION_MESSAGES_VIEW)
+    op.execute(CONVERSATION_MESSAGES_VIEW_0001)
 
 
 def downgrade() -> None:

@@ -25,6 +25,7 @@ _MODELS: list[type[BaseModel]] = [
     m.ModelList,
     m.ErrorResponse,
     m.Health,
+    m.Ready,
     m.StreamEvent,
 ]
 
@@ -43,7 +44,8 @@ _ERRORS = {
     "404": _json(m.ErrorResponse, "Not found"),
     "413": _json(m.ErrorResponse, "Request body too large"),
     "415": _json(m.ErrorResponse, "The body is not application/json"),
-    "503": _json(m.ErrorResponse, "Shutting down"),
+    "429": _json(m.ErrorResponse, "A rate or concurrency limit (with Retry-After)"),
+    "503": _json(m.ErrorResponse, "Shutting down, overloaded or the store is unavailable (with Retry-After)"),
 }
 
 
@@ -129,7 +131,26 @@ def _paths() -> dict[str, Any]:
                 "retrieveModel", "Retrieve a model", _json(m.Model, "The model"), parameters=[_path_param("model_id")]
             )
         },
-        "/health": {"get": _operation("health", "Liveness and load", _json(m.Health, "Healthy"))},
+        "/health": {"get": _operation("health", "Liveness", _json(m.Health, "Alive"))},
+        "/ready": {
+            "get": {
+                "operationId": "ready",
+                "summary": "Readiness: database reachable and migrated, model loaded, run loop alive",
+                "responses": {"200": _json(m.Ready, "Ready"), "503": _json(m.Ready, "Not ready")},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
     }
 
 

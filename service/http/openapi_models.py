@@ -224,8 +224,18 @@ class ErrorResponse(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
-    worker_id: str
-    active_runs: int
+
+
+class ReadyChecks(BaseModel):
+    database: bool  # reachable and at the head migration
+    model: bool
+    run_loop: bool
+    accepting: bool  # not draining for shutdown
+
+
+class Ready(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: ReadyChecks
 
 
 # -- stream events (the `data:` of each server-sent event) -------------------------------------

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
+from service.http.auth import project_of
 from service.http.body import json_body
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
+from service.limits import SubscriberLimit
+from service.observability import metrics_endpoint, project_var, response_id_var
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
 from service.store import event_log, read_models
+from service.store.db import head_revision, revision_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -26,14 +31,24 @@ def _commands(request: Request) -> Commands:
     return commands
 
 
+def _project(request: Request) -> str:
+    """The project of the request's key: passed into every query (see read_models.owned)."""
+    project = project_of(request.state)
+    project_var.set(project)
+    return project
+
+
 async def create_response(request: Request) -> Response:
     commands = _commands(request)
+    project = _project(request)
     create = parse_create_request(await json_body(request))
-    created = await commands.create(create)
+    created = await commands.create(create, project=project)
+    response_id_var.set(created.response_id)
     if create.stream:
         return _stream(
             request,
             created.response_id,
+            project=project,
             after=-1,
             cancel_on_disconnect=not create.background,
             forget_at_end=not create.store,
@@ -42,10 +57,10 @@ async def create_response(request: Request) -> Response:
     if create.background:
         # The Response as created (queued), like OpenAI: the run may already be further along.
         return JSONResponse(created.response)
-    return await _wait_for_end(request, created.response_id, forget_at_end=not create.store)
+    return await _wait_for_end(request, created.response_id, project=project, forget_at_end=not create.store)
 
 
-async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bool) -> Response:
+async def _wait_for_end(request: Request, response_id: str, *, project: str, forget_at_end: bool) -> Response:
     """A plain request is the stream consumed to its terminal event; a client that leaves cancels it."""
     commands = _commands(request)
     state = request.app.state
@@ -70,7 +85,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
     for task in (consumer, watcher):
         task.cancel()
     if watcher in done:
-        await commands.cancel_foreground(response_id, forget=forget_at_end)
+        await commands.cancel_foreground(response_id, project=project, forget=forget_at_end)
         return Response(status_code=499)
     terminal = consumer.result()
     if "response" not in terminal and state.draining.is_set():
@@ -78,7 +93,7 @@ async def _wait_for_end(request: Request, response_id: str, *, forget_at_end: bo
     if "response" not in terminal:
         raise NotFound(f"Response with id '{response_id}' was deleted while it ran.", param="response_id")
     if forget_at_end:
-        await commands.forget_unstored(response_id)
+        await commands.forget_unstored(response_id, project=project)
     return JSONResponse(terminal["response"])
 
 
@@ -91,6 +106,7 @@ def _stream(
     request: Request,
     response_id: str,
     *,
+    project: str,
     after: int,
     cancel_on_disconnect: bool,
     forget_at_end: bool = False,
@@ -98,6 +114,8 @@ def _stream(
 ) -> StreamingResponse:
     state = request.app.state
     commands = _commands(request)
+    subscribers: SubscriberLimit = state.subscribers
+    subscribers.acquire(response_id)  # a 429 before the stream starts
 
     async def frames() -> AsyncIterator[bytes]:
         finished = False
@@ -114,26 +132,42 @@ def _stream(
                 yield sse_frame(stored, obfuscate=obfuscate)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
-                await commands.forget_unstored(response_id)
+                await commands.forget_unstored(response_id, project=project)
         except StoreUnavailable:
             return  # the store is gone for long: end the stream; the client resumes with starting_after
         finally:
             if cancel_on_disconnect and not finished:
                 # We may be inside a cancelled scope: record the cancel from a task of its own.
                 task = asyncio.get_running_loop().create_task(
-                    commands.cancel_foreground(response_id, forget=forget_at_end)
+                    commands.cancel_foreground(response_id, project=project, forget=forget_at_end)
                 )
                 state.background_tasks.add(task)
                 task.add_done_callback(state.background_tasks.discard)
 
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return _HeldStream(frames(), lambda: subscribers.release(response_id))
+
+
+class _HeldStream(StreamingResponse):
+    """An event stream that holds one of its response's subscriber slots until it ends, however it ends."""
+
+    def __init__(self, frames: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     commands = _commands(request)
+    project = _project(request)
+    response_id_var.set(response_id)
     stream, after, obfuscate = _flag(request, "stream"), _starting_after(request), _flag(request, "include_obfuscation")
-    response = await commands.get(response_id)
+    response = await commands.get(response_id, project=project)
     if not stream:
         return JSONResponse(response)
     async with request.app.state.db.connect() as connection:
@@ -148,7 +182,9 @@ async def retrieve_response(request: Request) -> Response:
     if last is not None and after == last_number and last.type in TERMINAL_EVENT_TYPES:
         # Nothing left to send: the stream ends at once.
         return StreamingResponse(_nothing(), media_type="text/event-stream", headers=SSE_HEADERS)
-    return _stream(request, response_id, after=after, cancel_on_disconnect=False, obfuscate=obfuscate)
+    return _stream(
+        request, response_id, project=project, after=after, cancel_on_disconnect=False, obfuscate=obfuscate
+    )
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -185,12 +221,15 @@ def _starting_after(request: Request) -> int:
 
 
 async def cancel_response(request: Request) -> Response:
-    return JSONResponse(await _commands(request).cancel(request.path_params["response_id"]))
+    response_id = request.path_params["response_id"]
+    response_id_var.set(response_id)
+    return JSONResponse(await _commands(request).cancel(response_id, project=_project(request)))
 
 
 async def delete_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
-    await _commands(request).delete(response_id)
+    response_id_var.set(response_id)
+    await _commands(request).delete(response_id, project=_project(request))
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
@@ -206,9 +245,10 @@ async def list_input_items(request: Request) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
-    await _commands(request).get(response_id)  # 404 for unknown and store=false responses, like every read
+    project = _project(request)
+    await _commands(request).get(response_id, project=project)  # 404 for unknown and store=false responses
     async with request.app.state.db.connect() as connection:
-        items = await read_models.list_items(connection, response_id, source="input")
+        items = await read_models.list_items(connection, response_id, project=project, source="input")
     if order == "desc":
         items.reverse()
     ids = [item["id"] for item in items]
@@ -268,14 +308,31 @@ async def retrieve_model(request: Request) -> Response:
     )
 
 
-async def health(request: Request) -> Response:
-    return JSONResponse(
-        {
-            "status": "ok",
-            "worker_id": request.app.state.settings.worker_id,
-            "active_runs": len(request.app.state.supervisor.active),
-        }
-    )
+async def health(_request: Request) -> Response:
+    """Liveness: the process answers. Nothing about its internals."""
+    return JSONResponse({"status": "ok"})
+
+
+READY_TIMEOUT_SECONDS = 2.0
+
+
+async def ready(request: Request) -> Response:
+    """Readiness: the database answers and is at the head revision, the model is loaded, the run
+    loop is alive, and the server is not draining. 503 (with the failing checks) otherwise."""
+    state = request.app.state
+    checks: dict[str, bool] = {
+        "database": False,
+        "model": getattr(state, "runtime", None) is not None,
+        "run_loop": state.supervisor.alive(),
+        "accepting": not state.draining.is_set(),
+    }
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS), state.db.connect() as connection:
+            checks["database"] = await connection.run_sync(revision_of) == head_revision()
+    except Exception:  # noqa: BLE001 - unreachable, timed out or not migrated: not ready, whatever the cause
+        checks["database"] = False
+    ok = all(checks.values())
+    return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
 
 
 async def response_resource(request: Request) -> Response:
@@ -292,5 +349,7 @@ routes = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/openapi.json", openapi_json, methods=["GET"]),
 ]

@@ -188,6 +188,11 @@ def _revision_of(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
+def revision_of(connection: Connection) -> str | None:
+    """The revision a connected database is at (for `connection.run_sync`; readiness checks)."""
+    return _revision_of(connection)
+
+
 def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 

@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.schema import runs
+from service.store.schema import DEFAULT_PROJECT, runs
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,13 @@ class ClaimedRun:
 
 
 async def enqueue(
-    connection: AsyncConnection, response_id: str, *, background: bool, owner: str | None, lease_seconds: float
+    connection: AsyncConnection,
+    response_id: str,
+    *,
+    background: bool,
+    owner: str | None,
+    lease_seconds: float,
+    project: str = DEFAULT_PROJECT,
 ) -> None:
     now = time.time()
     await connection.execute(
@@ -40,6 +46,7 @@ async def enqueue(
             cancel_requested=False,
             claims=1 if owner else 0,
             enqueued_at=now,
+            project=project,
         )
     )
 
@@ -111,15 +118,25 @@ async def request_cancel(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.update(runs).where(runs.c.response_id == response_id).values(cancel_requested=True))
 
 
-async def get_run(connection: AsyncConnection, response_id: str) -> Any:
+async def get_run(connection: AsyncConnection, response_id: str, *, project: str | None = None) -> Any:
+    """`project`: only a run of that project is found (None: any)."""
+    ownership = sa.true() if project is None else runs.c.project == project
     row = (
         await connection.execute(
             sa.select(runs.c.response_id, runs.c.background, runs.c.done, runs.c.owner).where(
-                runs.c.response_id == response_id
+                runs.c.response_id == response_id, ownership
             )
         )
     ).first()
     return row
+
+
+async def unfinished_runs(connection: AsyncConnection, *, project: str | None = None) -> int:
+    """Runs queued or generating, of one project (None: of every project). Counted in the
+    database, so the figure holds across replicas."""
+    ownership = sa.true() if project is None else runs.c.project == project
+    query = sa.select(sa.func.count()).select_from(runs).where(runs.c.done.is_(False), ownership)
+    return int(await connection.scalar(query) or 0)
 
 
 async def delete_run(connection: AsyncConnection, response_id: str) -> None:

@@ -14,15 +14,28 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.projection import finished_output, project
+from service.projection import finished_output
+from service.projection import project as project_events
 from service.protocol import item_role, item_text
 from service.protocol.items import sql_text
 from service.store.event_log import encode, read_events
-from service.store.schema import conversation_items, responses
+from service.store.schema import DEFAULT_PROJECT, conversation_items, responses
 
 
-async def insert_response(connection: AsyncConnection, response: dict[str, Any], *, position: int) -> None:
-    await connection.execute(sa.insert(responses).values(**_response_columns(response), last_position=position))
+def owned(table: sa.Table, project: str | None) -> sa.ColumnElement[bool]:
+    """The ownership check, put inside the WHERE of every query a client's request runs: rows of
+    another project are simply not found (the same 404 as an unknown id). `None` is the operator
+    (CLI, rebuild, the run supervisor), who sees every project. A new owned table (conversations)
+    gets a `project` column and `.where(owned(table, project))` in each of its queries."""
+    return sa.true() if project is None else table.c.project == project
+
+
+async def insert_response(
+    connection: AsyncConnection, response: dict[str, Any], *, position: int, project: str = DEFAULT_PROJECT
+) -> None:
+    await connection.execute(
+        sa.insert(responses).values(**_response_columns(response), last_position=position, project=project)
+    )
 
 
 async def update_response(connection: AsyncConnection, response: dict[str, Any], *, position: int) -> None:
@@ -80,11 +93,13 @@ async def insert_output_items(
         await insert_items(connection, response_id, [item], source="output", first_ordinal=input_item_count + index)
 
 
-async def get_response(connection: AsyncConnection, response_id: str) -> dict[str, Any] | None:
+async def get_response(
+    connection: AsyncConnection, response_id: str, *, project: str | None
+) -> dict[str, Any] | None:
     row = (
         await connection.execute(
             sa.select(responses.c.response, responses.c.last_position, responses.c.status).where(
-                responses.c.id == response_id
+                responses.c.id == response_id, owned(responses, project)
             )
         )
     ).first()
@@ -94,32 +109,41 @@ async def get_response(connection: AsyncConnection, response_id: str) -> dict[st
     if stored["status"] in ("completed", "incomplete", "failed", "cancelled"):
         return stored
     tail = [e.payload() for e in await read_events(connection, response_id, after_position=row.last_position)]
-    return project(tail, base=stored) if tail else stored
+    return project_events(tail, base=stored) if tail else stored
 
 
-async def exists(connection: AsyncConnection, response_id: str) -> bool:
-    return (await connection.scalar(sa.select(responses.c.id).where(responses.c.id == response_id))) is not None
+async def exists(connection: AsyncConnection, response_id: str, *, project: str | None = None) -> bool:
+    query = sa.select(responses.c.id).where(responses.c.id == response_id, owned(responses, project))
+    return (await connection.scalar(query)) is not None
 
 
 async def list_items(
-    connection: AsyncConnection, response_id: str, *, source: str | None = None
+    connection: AsyncConnection, response_id: str, *, project: str | None, source: str | None = None
 ) -> list[dict[str, Any]]:
-    query = sa.select(conversation_items.c.data).where(conversation_items.c.response_id == response_id)
+    query = (
+        sa.select(conversation_items.c.data)
+        .join(responses, responses.c.id == conversation_items.c.response_id)
+        .where(conversation_items.c.response_id == response_id, owned(responses, project))
+    )
     if source is not None:
         query = query.where(conversation_items.c.source == source)
     return [json.loads(data) for (data,) in await connection.execute(query.order_by(conversation_items.c.ordinal))]
 
 
-async def conversation_history(connection: AsyncConnection, response_id: str) -> list[dict[str, Any]]:
+async def conversation_history(
+    connection: AsyncConnection, response_id: str, *, project: str | None
+) -> list[dict[str, Any]]:
     """Every item of the chain ending at `response_id` (inputs and outputs), oldest first."""
     chain: list[str] = []
     current: str | None = response_id
     while current is not None and current not in chain:
         chain.append(current)
-        current = await connection.scalar(sa.select(responses.c.previous_response_id).where(responses.c.id == current))
+        current = await connection.scalar(
+            sa.select(responses.c.previous_response_id).where(responses.c.id == current, owned(responses, project))
+        )
     history: list[dict[str, Any]] = []
     for rid in reversed(chain):
-        history += await list_items(connection, rid)
+        history += await list_items(connection, rid, project=project)
     return history
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from service.projection import project
 from service.store import event_log, read_models
 from service.store.db import create_engine, migrate
+from service.store.schema import DEFAULT_PROJECT
 
 
 async def rebuild_projections(database_url: str) -> int:
@@ -30,7 +31,9 @@ async def rebuild_projections(database_url: str) -> int:
                 facts = await event_log.read_facts(connection, response_id)
                 request = next(f.data for f in facts if f.kind == "request")
                 response = project(payloads)
-                await read_models.insert_response(connection, response, position=max(e.position for e in stored_events))
+                position = max(e.position for e in stored_events)
+                owner = request.get("project", DEFAULT_PROJECT)
+                await read_models.insert_response(connection, response, position=position, project=owner)
                 prompt_items = request["prompt_items"]
                 tail = prompt_items[len(prompt_items) - request["input_item_count"] :]
                 input_items = request.get("input_items", tail)
@@ -48,7 +51,7 @@ async def inspect_response(database_url: str, response_id: str) -> dict[str, Any
     try:
         async with db.connect() as connection:
             return {
-                "response": await read_models.get_response(connection, response_id),
+                "response": await read_models.get_response(connection, response_id, project=None),
                 "facts": [
                     {"kind": f.kind, "data": f.data} for f in await event_log.read_facts(connection, response_id)
                 ],

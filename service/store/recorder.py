@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import event_log, leases, read_models
+from service.store.schema import DEFAULT_PROJECT
 
 
 @dataclass
@@ -53,15 +54,18 @@ async def create_response(
     input_items: Sequence[dict[str, Any]],
     background: bool,
     lease_seconds: float,
+    project: str = DEFAULT_PROJECT,
 ) -> None:
     response_id = response["id"]
     async with engine.begin() as connection:
         await event_log.lock_for_append(connection)
         await event_log.append_fact(connection, response_id, "request", request_fact)
         position = await event_log.append_events(connection, response_id, [created_event])
-        await read_models.insert_response(connection, response, position=position)
+        await read_models.insert_response(connection, response, position=position, project=project)
         await read_models.insert_items(connection, response_id, input_items, source="input", first_ordinal=0)
-        await leases.enqueue(connection, response_id, background=background, owner=None, lease_seconds=lease_seconds)
+        await leases.enqueue(
+            connection, response_id, background=background, owner=None, lease_seconds=lease_seconds, project=project
+        )
 
 
 async def commit_step(
@@ -132,12 +136,12 @@ async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
     return found
 
 
-async def request_cancel(engine: AsyncEngine, response_id: str) -> bool:
-    """Log a cancel request for a run that is still going. Ordered against DELETE and the run's
-    own commits by the append lock, so a cancel racing a delete never leaves an orphan fact."""
+async def request_cancel(engine: AsyncEngine, response_id: str, *, project: str | None) -> bool:
+    """Log a cancel request for a run of `project` that is still going. Ordered against DELETE and the
+    run's own commits by the append lock, so a cancel racing a delete never leaves an orphan fact."""
     async with engine.begin() as connection:
         await event_log.lock_for_append(connection)
-        run = await leases.get_run(connection, response_id)
+        run = await leases.get_run(connection, response_id, project=project)
         if run is None or run.done:
             return False
         await event_log.append_fact(connection, response_id, "cancel_requested", {})
@@ -150,10 +154,10 @@ async def release(engine: AsyncEngine, owner: str, response_ids: Sequence[str]) 
         await leases.release(connection, owner, response_ids)
 
 
-async def delete_response(engine: AsyncEngine, response_id: str) -> bool:
+async def delete_response(engine: AsyncEngine, response_id: str, *, project: str | None) -> bool:
     async with engine.begin() as connection:
         await event_log.lock_for_append(connection)
-        if not await read_models.exists(connection, response_id):
+        if not await read_models.exists(connection, response_id, project=project):
             return False
         await _delete(connection, response_id)
         return True

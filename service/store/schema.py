@@ -6,6 +6,8 @@ keep them stable and documented in the README's "SQL inspection" section.
   sampled token ids, cancel requests). Never sent to clients.
 - `runs`: operational state of a run: owner and lease (not a projection; leases are not facts).
 - `responses`, `conversation_items`: projections, rebuildable from the two logs.
+- `api_keys`: named keys (SHA-256 hashes only) and the project each belongs to. `responses.project`
+  and `runs.project` name the owner; every read, cancel and delete filters on it in its SQL.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
+
+# The project of SERVICE_API_KEY, of unauthenticated loopback use, and of rows older than ownership.
+DEFAULT_PROJECT = "default"
 
 # BigInteger autoincrement is not rowid on SQLite; the variant keeps one definition for both.
 Position = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -50,7 +55,9 @@ runs = sa.Table(
     sa.Column("cancel_requested", sa.Boolean, nullable=False, default=False),
     sa.Column("claims", sa.Integer, nullable=False, default=0),
     sa.Column("enqueued_at", sa.Float, nullable=False),
+    sa.Column("project", sa.String(128), nullable=False, server_default=DEFAULT_PROJECT),  # the owner
     sa.Index("ix_runs_claimable", "done", "enqueued_at"),
+    sa.Index("ix_runs_project_done", "project", "done"),
 )
 
 responses = sa.Table(
@@ -68,6 +75,20 @@ responses = sa.Table(
     sa.Column("output_tokens", sa.Integer, nullable=True),
     sa.Column("response", sa.Text, nullable=False),  # the projected Response JSON
     sa.Column("last_position", sa.BigInteger, nullable=False),  # events.position folded so far
+    sa.Column("project", sa.String(128), nullable=False, server_default=DEFAULT_PROJECT),  # the owner
+)
+
+# Keys: only the SHA-256 of each key is stored; `prefix` is its first characters, to recognise it.
+api_keys = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("project", sa.String(128), nullable=False),
+    sa.Column("prefix", sa.String(32), nullable=False),
+    sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("last_used_at", sa.Float, nullable=True),
+    sa.Column("revoked_at", sa.Float, nullable=True),
 )
 
 conversation_items = sa.Table(
@@ -102,6 +123,7 @@ CONVERSATION_MESSAGES_VIEW = """
 CREATE VIEW conversation_messages AS
 SELECT c.response_id AS conversation_id,
        (SELECT MAX(c2.depth) FROM response_chain c2 WHERE c2.response_id = c.response_id) - c.depth AS turn,
-       i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id
+       i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id, r.project
 FROM response_chain c JOIN conversation_items i ON i.response_id = c.ancestor_id
+JOIN responses r ON r.id = i.response_id
 """
