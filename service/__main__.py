@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in report.problems:
             print(f"{problem.response_id}: {problem.what}")
         verdict = "ok" if not report.problems else f"{len(report.problems)} problem(s)"
-        print(f"{verdict}: {report.responses} responses, {report.events} events checked")
+        counts = f"{report.responses} responses, {report.conversations} conversations, {report.events} events"
+        print(f"{verdict}: {counts} checked")
         return 1 if report.problems else 0
     if args.command == "inspect":
         from service.store.rebuild import inspect_response

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.commands import Commands
 from service.config import Settings
 from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable, Unauthorized
+from service.http.conversation_routes import routes as conversation_routes
 from service.http.routes import routes
 from service.model_runtime import ModelRuntime
 from service.models import load_runtime
@@ -60,7 +61,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             await db.dispose()
 
     return Starlette(
-        routes=routes,
+        routes=conversation_routes + routes,
         lifespan=lifespan,
         middleware=[Middleware(UnexpectedErrorMiddleware), Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},

@@ -78,10 +78,10 @@ def upgrade() -> None:
         sa.Column("data", sa.Text, nullable=False),
     )
     # Views are part of the SQL interface; their text lives with the schema.
-    from service.store.schema import CONVERSATION_MESSAGES_VIEW, RESPONSE_CHAIN_VIEW
+    from service.store.schema import CONVERSATION_MESSAGES_VIEW_0001, RESPONSE_CHAIN_VIEW
 
     op.execute(RESPONSE_CHAIN_VIEW)
-    op.execute(CONVERSATION_MESSAGES_VIEW)
+    op.execute(CONVERSATION_MESSAGES_VIEW_0001)
 
 
 def downgrade() -> None:

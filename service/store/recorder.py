@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.conversations import store as conversation_store
 from service.store import event_log, leases, read_models
 
 
@@ -108,6 +109,7 @@ async def _apply_write(connection: Any, write: RunWrite) -> None:
         await read_models.update_response(connection, write.projection, position=position)
     if write.terminal:
         await leases.mark_done(connection, rid)
+        await conversation_store.append_response_items(connection, rid)
 
 
 async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
