@@ -27,6 +27,7 @@ from service.model_runtime import ModelRuntime
 from service.models import load_runtime
 from service.notify import Notifier
 from service.runs import RunSupervisor
+from service.store import retention
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
 
@@ -53,9 +54,19 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.draining = asyncio.Event()
         state.commands = Commands(db, model, supervisor, notifier, settings)
         await supervisor.start()
+        sweeper = asyncio.create_task(
+            retention.run_sweeper(
+                db,
+                retention_days=settings.retention_days,
+                interval_seconds=settings.retention_sweep_seconds,
+                batch_size=settings.retention_batch_size,
+            ),
+            name="retention-sweeper",
+        )
         try:
             yield
         finally:
+            sweeper.cancel()
             await supervisor.stop()
             await notifier.close()
             await db.dispose()

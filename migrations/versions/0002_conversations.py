@@ -22,6 +22,7 @@ def upgrade() -> None:
         sa.Column("id", sa.String(64), primary_key=True),
         sa.Column("created_at", sa.Float, nullable=False),
         sa.Column("metadata", sa.Text, nullable=False),
+        sa.Column("updated_at", sa.Float, nullable=False),
         sa.Column("last_position", sa.BigInteger, nullable=False),
     )
     op.create_table(

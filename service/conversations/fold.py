@@ -5,6 +5,7 @@ A conversation's stream in `events` (keyed by its `conv_…` id) holds:
 - `conversation.updated`: the new `metadata`;
 - `conversation.items.added`: `entries`, appended by a client or by a response that ended;
 - `conversation.item.deleted`: the `ordinal` of the entry removed.
+Every event carries `at` (unix seconds; the conversation's `updated_at` is its last event's).
 An entry is `{"ordinal", "source", "response_id", "item"}`; ordinals only grow, so deleting an item
 never renumbers the others.
 """
@@ -22,6 +23,7 @@ Entry = dict[str, Any]
 @dataclass
 class ConversationState:
     conversation: dict[str, Any]
+    updated_at: float
     entries: dict[int, Entry] = field(default_factory=dict)
 
     @property
@@ -41,12 +43,13 @@ def fold(events: Iterable[dict[str, Any]]) -> ConversationState:
 def apply(state: ConversationState | None, event: dict[str, Any]) -> ConversationState:
     kind = event["type"]
     if kind == "conversation.created":
-        state = ConversationState(copy.deepcopy(event["conversation"]))
+        state = ConversationState(copy.deepcopy(event["conversation"]), float(event["at"]))
         for entry in event["entries"]:
             state.entries[entry["ordinal"]] = copy.deepcopy(entry)
         return state
     if state is None:
         raise ValueError(f"event {kind} before conversation.created")
+    state.updated_at = float(event["at"])
     if kind == "conversation.updated":
         state.conversation["metadata"] = dict(event["metadata"])
     elif kind == "conversation.items.added":

@@ -26,8 +26,18 @@ def is_conversation_stream(stream_id: str) -> bool:
 
 
 async def _append(connection: AsyncConnection, conversation_id: str, event: dict[str, Any]) -> int:
+    """Append the conversation's next event and stamp its row's updated_at and last_position."""
     sequence = await event_log.last_sequence_number(connection, conversation_id) + 1
-    return await event_log.append_events(connection, conversation_id, [{**event, "sequence_number": sequence}])
+    at = event.get("at", time.time())
+    position = await event_log.append_events(
+        connection, conversation_id, [{**event, "at": at, "sequence_number": sequence}]
+    )
+    await connection.execute(
+        sa.update(conversations)
+        .where(conversations.c.id == conversation_id)
+        .values(last_position=position, updated_at=at)
+    )
+    return position
 
 
 async def create(
@@ -40,20 +50,18 @@ async def create(
         "metadata": metadata,
     }
     entries = entries_for(items, first_ordinal=0, source="client", response_id=None)
-    position = await _append(
-        connection, conversation_id, {"type": "conversation.created", "conversation": conversation, "entries": entries}
-    )
-    await insert_projection(connection, conversation, position=position)
+    at = time.time()
+    event = {"type": "conversation.created", "at": at, "conversation": conversation, "entries": entries}
+    position = await _append(connection, conversation_id, event)
+    await insert_projection(connection, conversation, position=position, updated_at=at)
     await insert_entries(connection, conversation_id, entries)
     return conversation
 
 
 async def update_metadata(connection: AsyncConnection, conversation_id: str, metadata: dict[str, str]) -> None:
-    position = await _append(connection, conversation_id, {"type": "conversation.updated", "metadata": metadata})
+    await _append(connection, conversation_id, {"type": "conversation.updated", "metadata": metadata})
     await connection.execute(
-        sa.update(conversations)
-        .where(conversations.c.id == conversation_id)
-        .values(metadata=encode(metadata), last_position=position)
+        sa.update(conversations).where(conversations.c.id == conversation_id).values(metadata=encode(metadata))
     )
 
 
@@ -69,20 +77,18 @@ async def add_items(
     first = await next_ordinal(connection, conversation_id)
     entries = entries_for(items, first_ordinal=first, source=source, response_id=response_id)
     if entries:
-        position = await _append(connection, conversation_id, {"type": "conversation.items.added", "entries": entries})
+        await _append(connection, conversation_id, {"type": "conversation.items.added", "entries": entries})
         await insert_entries(connection, conversation_id, entries)
-        await _touch(connection, conversation_id, position)
     return entries
 
 
 async def delete_item(connection: AsyncConnection, conversation_id: str, ordinal: int) -> None:
-    position = await _append(connection, conversation_id, {"type": "conversation.item.deleted", "ordinal": ordinal})
+    await _append(connection, conversation_id, {"type": "conversation.item.deleted", "ordinal": ordinal})
     await connection.execute(
         sa.delete(conversation_entries).where(
             conversation_entries.c.conversation_id == conversation_id, conversation_entries.c.ordinal == ordinal
         )
     )
-    await _touch(connection, conversation_id, position)
 
 
 async def delete(connection: AsyncConnection, conversation_id: str) -> None:
@@ -98,18 +104,15 @@ async def delete_projections(connection: AsyncConnection, conversation_id: str) 
     await connection.execute(sa.delete(conversations).where(conversations.c.id == conversation_id))
 
 
-async def _touch(connection: AsyncConnection, conversation_id: str, position: int) -> None:
-    await connection.execute(
-        sa.update(conversations).where(conversations.c.id == conversation_id).values(last_position=position)
-    )
-
-
-async def insert_projection(connection: AsyncConnection, conversation: dict[str, Any], *, position: int) -> None:
+async def insert_projection(
+    connection: AsyncConnection, conversation: dict[str, Any], *, position: int, updated_at: float
+) -> None:
     await connection.execute(
         sa.insert(conversations).values(
             id=conversation["id"],
             created_at=conversation["created_at"],
             metadata=encode(conversation["metadata"]),
+            updated_at=updated_at,
             last_position=position,
         )
     )
@@ -138,7 +141,7 @@ async def insert_entries(connection: AsyncConnection, conversation_id: str, entr
 
 async def store_state(connection: AsyncConnection, state: ConversationState, *, position: int) -> None:
     """Write a folded state as projection rows (rebuilds)."""
-    await insert_projection(connection, state.conversation, position=position)
+    await insert_projection(connection, state.conversation, position=position, updated_at=state.updated_at)
     await insert_entries(connection, state.conversation["id"], [state.entries[o] for o in sorted(state.entries)])
 
 
@@ -211,6 +214,5 @@ async def append_response_items(connection: AsyncConnection, response_id: str) -
         outputs, first_ordinal=first + len(inputs), source="output", response_id=response_id
     )
     if entries:
-        position = await _append(connection, conversation_id, {"type": "conversation.items.added", "entries": entries})
+        await _append(connection, conversation_id, {"type": "conversation.items.added", "entries": entries})
         await insert_entries(connection, conversation_id, entries)
-        await _touch(connection, conversation_id, position)

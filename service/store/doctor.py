@@ -63,16 +63,22 @@ async def check_database(database_url: str) -> Report:
             }
             item_ids = set((await connection.scalars(sa.select(conversation_items.c.response_id).distinct())).all())
             stored_conversations = {
-                row.id: (row.created_at, json.loads(row.metadata), row.last_position)
+                row.id: (row.created_at, json.loads(row.metadata), row.updated_at, row.last_position)
                 for row in await connection.execute(
-                    sa.select(conversations.c.id, conversations.c.created_at, conversations.c.metadata,
-                              conversations.c.last_position)
+                    sa.select(
+                        conversations.c.id,
+                        conversations.c.created_at,
+                        conversations.c.metadata,
+                        conversations.c.updated_at,
+                        conversations.c.last_position,
+                    )
                 )
             }
             stored_entries: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
             for row in await connection.execute(
-                sa.select(conversation_entries).order_by(conversation_entries.c.conversation_id,
-                                                         conversation_entries.c.ordinal)
+                sa.select(conversation_entries).order_by(
+                    conversation_entries.c.conversation_id, conversation_entries.c.ordinal
+                )
             ):
                 stored_entries[row.conversation_id].append(tuple(row))
     finally:
@@ -109,7 +115,7 @@ async def check_database(database_url: str) -> Report:
 def _check_conversation(
     cid: str,
     stored_events: list[event_log.StoredEvent],
-    stored_row: tuple[float, dict[str, Any], int] | None,
+    stored_row: tuple[float, dict[str, Any], float, int] | None,
     stored_entries: list[tuple[Any, ...]],
 ) -> list[Problem]:
     """A conversation's stream: 0..N without gaps, and projection rows equal to a fresh fold."""
@@ -123,9 +129,10 @@ def _check_conversation(
         return [*problems, Problem(cid, f"the log does not fold into a conversation ({type(exc).__name__}: {exc})")]
     if stored_row is None:
         return [*problems, Problem(cid, "no row in conversations")]
-    created_at, metadata, last_position = stored_row
-    expected = (state.conversation["created_at"], state.conversation["metadata"], stored_events[-1].position)
-    if (int(created_at), metadata, last_position) != expected:
+    created_at, metadata, updated_at, last_position = stored_row
+    conversation = state.conversation
+    expected = (conversation["created_at"], conversation["metadata"], state.updated_at, stored_events[-1].position)
+    if (int(created_at), metadata, updated_at, last_position) != expected:
         problems.append(Problem(cid, "the conversations row differs from a fresh fold of the log"))
     fresh = [
         (entry["ordinal"], entry["item"]["id"], entry["response_id"], entry["source"], encode(entry["item"]))

@@ -169,6 +169,11 @@ async def delete_finished_unstored(engine: AsyncEngine) -> None:
             await _delete(connection, response_id)
 
 
+async def delete_in(connection: Any, response_id: str) -> None:
+    """Delete a response whole inside the caller's transaction (which holds the append lock)."""
+    await _delete(connection, response_id)
+
+
 async def _delete(connection: Any, response_id: str) -> None:
     await event_log.delete_log(connection, response_id)
     await read_models.delete_projections(connection, response_id)

@@ -91,6 +91,7 @@ conversations = sa.Table(
     sa.Column("id", sa.String(64), primary_key=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("metadata", sa.Text, nullable=False),  # JSON object
+    sa.Column("updated_at", sa.Float, nullable=False),  # unix seconds of its last event (retention counts from it)
     sa.Column("last_position", sa.BigInteger, nullable=False),  # events.position folded so far
 )
 
