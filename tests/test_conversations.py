@@ -232,3 +232,33 @@ def test_concurrent_runs_on_one_conversation_append_whole_blocks_in_commit_order
     server.stop()
     report = doctor(database_url)
     assert report.returncode == 0, report.stdout + report.stderr
+
+
+def test_migration_0002_upgrades_a_database_holding_0001_data(database_url: str, server_factory: ServerFactory) -> None:
+    """Data written at revision 0001 (a chain of responses) survives the upgrade: the new
+    `conversation_messages` view shows the chain as before, and conversations work on top."""
+    from alembic import command
+
+    from service.store.db import alembic_config, migrate_sync
+
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    first = client.responses.create(input="one", max_output_tokens=3)
+    client.responses.create(input="two", previous_response_id=first.id, max_output_tokens=3)
+    server.stop()
+    chain_sql = "SELECT * FROM conversation_messages ORDER BY conversation_id, turn, ordinal"
+    before = _query(database_url, chain_sql)
+    assert before
+
+    command.downgrade(alembic_config(database_url), "0001")
+    assert _query(database_url, chain_sql) == before  # the 0001 view, over the same rows
+    migrate_sync(database_url)
+    assert _query(database_url, chain_sql) == before
+    assert _query(database_url, "SELECT COUNT(*) FROM conversations") == [(0,)]
+    report = doctor(database_url)
+    assert report.returncode == 0, report.stdout + report.stderr
+
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "after"}])
+    assert len(_all_ids(client, conversation.id)) == 1
