@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
                 retention_days=settings.retention_days,
                 interval_seconds=settings.retention_sweep_seconds,
                 batch_size=settings.retention_batch_size,
+                compaction_grace=settings.log_compaction_grace_seconds,
             ),
             name="retention-sweeper",
         )

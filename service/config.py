@@ -41,6 +41,8 @@ class Settings(BaseModel):
     retention_days: float = Field(default=30.0, ge=0)
     retention_sweep_seconds: float = Field(default=300.0, gt=0)
     retention_batch_size: int = Field(default=100, ge=1)
+    # A finished run's per-step `tokens` facts are folded into one this long after it was created.
+    log_compaction_grace_seconds: float = Field(default=60.0, ge=0)
     api_key: str | None = None
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.conversations import store as conversation_store
 from service.store import event_log, recorder
 from service.store.faults import is_transient
+from service.store.log_compaction import compact_finished_runs
 from service.store.schema import conversations, responses, runs
 
 log = logging.getLogger(__name__)
@@ -72,13 +73,18 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
     return Swept(gone_responses, gone_conversations)
 
 
-async def run_sweeper(db: AsyncEngine, *, retention_days: float, interval_seconds: float, batch_size: int) -> None:
-    """Sweep every `interval_seconds` until cancelled; store errors are logged and retried next time."""
+async def run_sweeper(
+    db: AsyncEngine, *, retention_days: float, interval_seconds: float, batch_size: int, compaction_grace: float
+) -> None:
+    """Every `interval_seconds` until cancelled: delete what expired, then fold the token facts of
+    finished runs (log_compaction). Store errors are logged and retried next time."""
     while True:
         try:
             swept = await sweep(db, retention_days=retention_days, batch_size=batch_size)
             if swept.responses or swept.conversations:
                 log.info("retention: deleted %d responses, %d conversations", swept.responses, swept.conversations)
+            while await compact_finished_runs(db, batch_size=batch_size, grace_seconds=compaction_grace) == batch_size:
+                pass
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a store outage
             if not is_transient(exc):
                 log.exception("retention sweep failed")
