@@ -36,8 +36,7 @@ async def compact_finished_runs(
 ) -> int:
     """Fold the token facts of up to `batch_size` finished runs, one short transaction; returns how many."""
     cutoff = (time.time() if now is None else now) - grace_seconds
-    async with db.begin() as connection:
-        await event_log.lock_for_append(connection)
+    async with db.connect() as connection:  # choose on a read snapshot: no write lock while scanning
         many = (
             sa.select(run_facts.c.response_id)
             .where(run_facts.c.kind == "tokens")
@@ -53,6 +52,8 @@ async def compact_finished_runs(
             .limit(batch_size)
         )
         ids = list((await connection.scalars(query)).all())
+    async with db.begin() as connection:
+        await event_log.lock_for_append(connection)
         for response_id in ids:
             rows = (
                 await connection.execute(
@@ -61,6 +62,8 @@ async def compact_finished_runs(
                     .order_by(run_facts.c.position)
                 )
             ).all()
+            if len(rows) < 2:
+                continue  # deleted, or compacted by another replica, since the snapshot
             merged = merge_token_facts([json.loads(data) for (data,) in rows])
             await connection.execute(
                 sa.delete(run_facts).where(run_facts.c.response_id == response_id, run_facts.c.kind == "tokens")

@@ -2,7 +2,8 @@
 
 A response expires `retention_days` after it was created, once its run has ended; a conversation
 expires `retention_days` after its last event. Each is deleted whole (its log, facts, run row and
-projections) in small batches, one short transaction per batch, so writers wait at most one batch.
+projections) in small batches: candidates are chosen on a read snapshot, then deleted in one
+short write transaction per batch, so writers wait at most one batch's deletes.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
     cutoff = (time.time() if now is None else now) - retention_days * SECONDS_PER_DAY
     gone_responses = gone_conversations = 0
     while True:
-        async with db.begin() as connection:
-            await event_log.lock_for_append(connection)
+        # Choose on a read snapshot (no write lock held while scanning), delete in a short write.
+        async with db.connect() as connection:
             # Only finished runs (or responses without a run row): a live run is never cut short.
             query = (
                 sa.select(responses.c.id)
@@ -50,14 +51,15 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
                 .limit(batch_size)
             )
             ids = list((await connection.scalars(query)).all())
+        async with db.begin() as connection:
+            await event_log.lock_for_append(connection)
             for response_id in ids:
                 await recorder.delete_in(connection, response_id)
         gone_responses += len(ids)
         if len(ids) < batch_size:
             break
     while True:
-        async with db.begin() as connection:
-            await event_log.lock_for_append(connection)
+        async with db.connect() as connection:
             query = (
                 sa.select(conversations.c.id)
                 .where(conversations.c.updated_at < cutoff)
@@ -65,8 +67,16 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
                 .limit(batch_size)
             )
             ids = list((await connection.scalars(query)).all())
+        async with db.begin() as connection:
+            await event_log.lock_for_append(connection)
             for conversation_id in ids:
-                await conversation_store.delete(connection, conversation_id)
+                # Re-checked under the lock: a conversation changed since the snapshot is kept.
+                if await connection.scalar(
+                    sa.select(conversations.c.id).where(
+                        conversations.c.id == conversation_id, conversations.c.updated_at < cutoff
+                    )
+                ):
+                    await conversation_store.delete(connection, conversation_id)
         gone_conversations += len(ids)
         if len(ids) < batch_size:
             break
