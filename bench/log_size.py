@@ -46,6 +46,11 @@ def log_bytes(database_url: str) -> int:
     async def query() -> int:
         db = create_engine(database_url)
         try:
+            # Deleted rows keep their space until VACUUM: measure the live rows, like SQLite's VACUUM above.
+            async with db.connect() as connection:
+                autocommit = await connection.execution_options(isolation_level="AUTOCOMMIT")
+                await autocommit.execute(sa.text("VACUUM FULL events"))
+                await autocommit.execute(sa.text("VACUUM FULL run_facts"))
             async with db.connect() as connection:
                 sql = "SELECT pg_total_relation_size('events') + pg_total_relation_size('run_facts')"
                 return int(await connection.scalar(sa.text(sql)) or 0)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from service.store.rebuild import rebuild_projections
 
         count = asyncio.run(rebuild_projections(settings.database_url))
-        print(f"rebuilt {count} responses")
+        print(f"rebuilt {count} streams (responses and conversations)")
         return 0
     if args.command == "doctor":
         from service.store.doctor import check_database
