@@ -25,10 +25,12 @@ class ConversationState:
     conversation: dict[str, Any]
     updated_at: float
     entries: dict[int, Entry] = field(default_factory=dict)
+    next_ordinal: int = 0  # one past the highest ordinal ever used (deleted ones included)
 
-    @property
-    def next_ordinal(self) -> int:
-        return max(self.entries, default=-1) + 1
+    def add(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            self.entries[entry["ordinal"]] = copy.deepcopy(entry)
+            self.next_ordinal = max(self.next_ordinal, entry["ordinal"] + 1)
 
 
 def fold(events: Iterable[dict[str, Any]]) -> ConversationState:
@@ -44,8 +46,7 @@ def apply(state: ConversationState | None, event: dict[str, Any]) -> Conversatio
     kind = event["type"]
     if kind == "conversation.created":
         state = ConversationState(copy.deepcopy(event["conversation"]), float(event["at"]))
-        for entry in event["entries"]:
-            state.entries[entry["ordinal"]] = copy.deepcopy(entry)
+        state.add(event["entries"])
         return state
     if state is None:
         raise ValueError(f"event {kind} before conversation.created")
@@ -53,8 +54,7 @@ def apply(state: ConversationState | None, event: dict[str, Any]) -> Conversatio
     if kind == "conversation.updated":
         state.conversation["metadata"] = dict(event["metadata"])
     elif kind == "conversation.items.added":
-        for entry in event["entries"]:
-            state.entries[entry["ordinal"]] = copy.deepcopy(entry)
+        state.add(event["entries"])
     elif kind == "conversation.item.deleted":
         state.entries.pop(event["ordinal"], None)
     else:
