@@ -181,17 +181,25 @@ class Commands:
                 raise InvalidRequest(
                     f"This model's prompt format cannot render the input: {exc}", param="input"
                 ) from None
-            if len(prompt_ids) < context:
+            # With truncation='auto' the prompt must leave room for the requested output (at least one token).
+            wanted = request.max_output_tokens or 1
+            fits = len(prompt_ids) + wanted <= context if request.truncation == "auto" else len(prompt_ids) < context
+            if fits:
                 return prompt_request, prompt_ids
             shorter = _drop_oldest(items)
-            if request.truncation != "auto" or not shorter:
-                raise InvalidRequest(
-                    f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}."
-                    + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
-                    param="input",
-                    code="context_length_exceeded",
-                )
-            items = shorter
+            if request.truncation == "auto" and shorter:
+                items = shorter
+                continue
+            if len(prompt_ids) < context:
+                return prompt_request, prompt_ids  # nothing left to drop: the output gets what room remains
+            asked = request.max_output_tokens
+            requested = f" and {asked} output tokens were requested" if asked else ""
+            raise InvalidRequest(
+                f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}{requested}."
+                + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
+                param="input",
+                code="context_length_exceeded",
+            )
 
     async def _history(self, previous_response_id: str) -> list[dict[str, Any]]:
         if not is_response_id(previous_response_id):

@@ -262,3 +262,42 @@ def test_migration_0002_upgrades_a_database_holding_0001_data(database_url: str,
     client = client_for(server.url)
     conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "after"}])
     assert len(_all_ids(client, conversation.id)) == 1
+
+
+def test_truncation_at_the_window_edge_leaves_room_for_the_output(
+    database_url: str, server_factory: ServerFactory
+) -> None:
+    """A prompt that fits but leaves less than max_output_tokens: `auto` drops the oldest whole items
+    until the output fits (input_tokens predicts it); `disabled` runs with what room remains; a
+    prompt over the window is a 400 that gives the numbers."""
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    context = client.models.list().data[0].model_extra["info"]["decoder"]["max_position"]  # type: ignore[index]
+    turn = "lorem ipsum dolor sit amet " * 20
+    history: list[Any] = [{"role": "user", "content": f"{i}: {turn}"} for i in range(60)]
+    # Grow the history until the next item would bring the prompt within 200 tokens of the window.
+    size = 1
+    while size < len(history):
+        try:
+            if client.responses.input_tokens.count(input=history[: size + 1]).input_tokens >= context - 200:
+                break
+        except openai.BadRequestError:
+            break
+        size += 1
+    edge = history[:size]
+    prompt = client.responses.input_tokens.count(input=edge).input_tokens
+    wanted = context - prompt + 50  # more than the room left
+    auto = client.responses.create(input=edge, max_output_tokens=wanted, truncation="auto")
+    assert auto.usage is not None and auto.usage.input_tokens + wanted <= context
+    assert auto.usage.input_tokens < prompt
+    counted = client.responses.input_tokens.count(
+        input=edge, truncation="auto", extra_body={"max_output_tokens": wanted}
+    )
+    assert counted.input_tokens == auto.usage.input_tokens
+    disabled = client.responses.create(input=edge, max_output_tokens=2)
+    assert disabled.usage is not None and disabled.usage.input_tokens == prompt
+    with pytest.raises(openai.BadRequestError) as over:
+        client.responses.create(input=history, max_output_tokens=wanted)
+    error = over.value.body
+    assert error["code"] == "context_length_exceeded"  # type: ignore[index]
+    assert str(context) in error["message"] and str(wanted) in error["message"]  # type: ignore[index]
