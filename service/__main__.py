@@ -1,14 +1,28 @@
-"""Command line: serve, migrate, model …, inspect, rebuild-projections."""
+"""Command line: serve, migrate, model …, inspect, rebuild-projections.
+
+What goes wrong in the user's setup (a bad setting, a database that cannot be opened, a model
+directory that cannot be served, a response that does not exist) ends the command with one line
+on stderr and exit status 1; Ctrl+C with status 130. Tracebacks are for bugs."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import ValidationError
 
 from service.config import Settings
+
+
+class CommandError(Exception):
+    """A failure the person running the command can fix; its message is printed as it is."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,30 +44,43 @@ def main(argv: list[str] | None = None) -> int:
 
     add_model_commands(commands)
     args = parser.parse_args(argv)
-    settings = Settings.from_env()
+    from service.engine.model_files import ModelDirError
+    from service.store.db import DatabaseUnavailable
 
+    try:
+        with _remembering_ctrl_c():
+            return _run(args)
+    except (CommandError, DatabaseUnavailable, ModelDirError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def settings_from_env() -> Settings:
+    try:
+        return Settings.from_env()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = "SERVICE_" + "_".join(str(part) for part in error["loc"]).upper()
+            problems.append(f"{name}={error.get('input')!r}: {error['msg']}")
+        raise CommandError("bad setting: " + "; ".join(problems)) from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "model":
+        from service.engine.cli import run_model_command
+
+        return run_model_command(args)
+    settings = settings_from_env()
     if args.command == "serve":
-        import uvicorn
-
-        from service.app import begin_drain, create_app
-
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        app = create_app(settings)
-
-        class DrainingServer(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: object) -> None:
-                asyncio.get_event_loop().create_task(begin_drain(app))
-                super().handle_exit(sig, frame)  # type: ignore[arg-type]
-
-        config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10
-        )
-        DrainingServer(config).run()
-        return 0
+        return _serve(settings, args)
     if args.command == "migrate":
         from service.store.db import migrate_sync
 
-        migrate_sync(settings.database_url)
+        print(migrate_sync(settings.database_url).describe())
         return 0
     if args.command == "rebuild-projections":
         from service.store.rebuild import rebuild_projections
@@ -64,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from service.store.doctor import check_database
 
+        _require_migrated(settings.database_url)
         report = asyncio.run(check_database(settings.database_url))
         for problem in report.problems:
             print(f"{problem.response_id}: {problem.what}")
@@ -74,14 +102,76 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "inspect":
         from service.store.rebuild import inspect_response
 
-        print(json.dumps(asyncio.run(inspect_response(settings.database_url, args.response_id)), indent=2))
+        _require_migrated(settings.database_url)
+        record = asyncio.run(inspect_response(settings.database_url, args.response_id))
+        if record["response"] is None and not record["events"]:
+            raise CommandError(f"response {args.response_id} not found")
+        print(json.dumps(record, indent=2))
         return 0
-    if args.command == "model":
-        from service.engine.cli import run_model_command
+    raise CommandError(f"unknown command {args.command}")
 
-        return run_model_command(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+
+def _require_migrated(database_url: str) -> None:
+    """For the commands that only read: the database is reachable and has the service's tables."""
+    from service.store.db import current_revision, describe_url
+
+    if asyncio.run(current_revision(database_url)) is None:
+        raise CommandError(f"{describe_url(database_url)} has no tables yet (run `python -m service migrate` first)")
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    """Open the database and load the model before the server starts, so that a setup problem is one
+    line here instead of a traceback from inside the server's start-up."""
+    import uvicorn
+
+    from service.app import begin_drain, create_app
+    from service.models import load_runtime
+    from service.store.db import migrate_sync
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with _remembering_ctrl_c():  # checked when start-up ends, before the server takes SIGINT over
+        logging.getLogger(__name__).info("database %s", migrate_sync(settings.database_url).describe())
+        runtime = load_runtime(settings)
+    app = create_app(settings, runtime=runtime)
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            asyncio.get_event_loop().create_task(begin_drain(app))
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    server = DrainingServer(config)
+    server.run()
+    return 0 if server.started else 1  # uvicorn logged why it could not start
+
+
+@contextlib.contextmanager
+def _remembering_ctrl_c() -> Iterator[None]:
+    """Ctrl+C raises KeyboardInterrupt as usual, and is also remembered, so that it still ends the
+    command when the exception is swallowed: raised inside a garbage-collection callback, Python
+    reports it as "Exception ignored" and goes on (that report is silenced here). Checked when the
+    block ends; uvicorn, which takes SIGINT over while it serves, re-raises it here when it stops."""
+    pressed = False
+    default_hook = sys.unraisablehook
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        nonlocal pressed
+        pressed = True
+        raise KeyboardInterrupt
+
+    def quiet(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            default_hook(unraisable)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = quiet
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = default_hook
+    if pressed:
+        raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from service.config import Settings
+from service.engine.config import read_config
 from service.engine.info import model_info
 from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_files import ModelDirError
 from service.engine.onnx_engine import OnnxEngine
 from service.model_runtime import ModelRuntime
 from service.prompting import chat_format_for
@@ -15,16 +16,25 @@ from service.prompting import chat_format_for
 
 def resolve_model_dir(settings: Settings) -> Path:
     if settings.model is not None:
-        if not (settings.model / "config.json").is_file():
-            raise FileNotFoundError(f"SERVICE_MODEL={settings.model} is not a model directory (no config.json)")
+        try:
+            read_config(settings.model)
+        except ModelDirError as exc:
+            raise ModelDirError(f"SERVICE_MODEL={settings.model}: {exc}") from exc
         return settings.model
     return ensure_builtin_model(settings.model_cache, progress=True)
 
 
 def load_runtime(settings: Settings) -> ModelRuntime:
+    """The engine, chat format and description of the configured model; ModelDirError (one line) when
+    the directory cannot be served."""
     model_dir = resolve_model_dir(settings)
-    config = json.loads((model_dir / "config.json").read_text())
-    engine = OnnxEngine(model_dir, intra_op_threads=settings.intra_op_threads)
-    chat_format = chat_format_for(model_dir, config)
-    info = model_info(model_dir)
+    try:
+        meta = read_config(model_dir)
+        engine = OnnxEngine(model_dir, intra_op_threads=settings.intra_op_threads)
+        chat_format = chat_format_for(model_dir, {**meta.as_dict(), "eos_token_id": meta.stop_token_ids})
+        info = model_info(model_dir)
+    except Exception as exc:  # noqa: BLE001 - the loading boundary: whatever the files got wrong, say it in a line
+        source = f"SERVICE_MODEL={model_dir}" if settings.model is not None else f"the built-in model {model_dir}"
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelDirError(f"{source} cannot be loaded: {reason}") from exc
     return ModelRuntime(model_id=engine.model_id, engine=engine, chat_format=chat_format, info=info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -51,3 +52,21 @@ def text_from_deltas(events: list[dict[str, Any]]) -> str:
 
 def final_text(response: dict[str, Any]) -> str:
     return "".join(part["text"] for item in response["output"] if item["type"] == "message" for part in item["content"])
+
+
+def sql_rows(database_url: str, statement: str, **params: Any) -> list[tuple[Any, ...]]:
+    """Run one SQL statement on the service's database (in its own transaction) and return its rows."""
+    import sqlalchemy as sa
+
+    from service.store.db import create_engine
+
+    async def run() -> list[tuple[Any, ...]]:
+        db = create_engine(database_url)
+        try:
+            async with db.begin() as connection:
+                result = await connection.execute(sa.text(statement), params)
+                return [tuple(row) for row in result] if result.returns_rows else []
+        finally:
+            await db.dispose()
+
+    return asyncio.run(run())

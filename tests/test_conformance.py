@@ -22,6 +22,7 @@ import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
+from tests.api_helpers import sql_rows
 from tests.conftest import ServerProcess
 
 OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -206,29 +207,11 @@ def test_errors_have_openai_shape(http: httpx.Client) -> None:
         open_responses.Error.model_validate({**error, "code": error["code"] or ""})
 
 
-def _sql(database_url: str, sql: str) -> list[tuple[Any, ...]]:
-    import asyncio
-
-    import sqlalchemy as sa
-
-    from service.store.db import create_engine
-
-    async def run() -> list[tuple[Any, ...]]:
-        db = create_engine(database_url)
-        try:
-            async with db.connect() as connection:
-                return [tuple(row) for row in await connection.execute(sa.text(sql))]
-        finally:
-            await db.dispose()
-
-    return asyncio.run(run())
-
-
 def test_default_output_budget_is_the_rest_of_the_context(http: httpx.Client, server: ServerProcess) -> None:
     created = http.post("/v1/responses", json={"input": "hi", "background": True}).json()
     assert created["max_output_tokens"] is None  # echoed as sent, like OpenAI
     http.post(f"/v1/responses/{created['id']}/cancel")
-    (data,) = _sql(
+    (data,) = sql_rows(
         server.database_url, f"SELECT data FROM run_facts WHERE response_id = '{created['id']}' AND kind = 'request'"
     )[0]
     fact = json.loads(data)
@@ -291,7 +274,7 @@ def test_truncated_inputs_survive_a_projection_rebuild(tmp_path: Path, builtin_m
     finally:
         process.stop()
     tables = "SELECT * FROM responses ORDER BY id", "SELECT * FROM conversation_items ORDER BY response_id, ordinal"
-    before = [_sql(url, sql) for sql in tables]
+    before = [sql_rows(url, sql) for sql in tables]
     assert len(before[1]) == len(history) + len(created.json()["output"])
     asyncio.run(rebuild_projections(url))
-    assert [_sql(url, sql) for sql in tables] == before
+    assert [sql_rows(url, sql) for sql in tables] == before

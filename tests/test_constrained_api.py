@@ -7,7 +7,6 @@ kill -9 and resume of a constrained run, and every bad input as a 400 with its `
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -16,10 +15,8 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-import sqlalchemy as sa
 
-from service.store.db import create_engine
-from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, text_from_deltas
+from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, text_from_deltas
 from tests.conftest import ServerProcess
 
 ServerFactory = Callable[..., ServerProcess]
@@ -68,18 +65,6 @@ TOOLS: list[Any] = [
     },
     {"type": "custom", "name": "code", "format": {"type": "grammar", "syntax": "regex", "definition": CODE}},
 ]
-
-
-def _query(database_url: str, sql: str) -> list[tuple[Any, ...]]:
-    async def run() -> list[tuple[Any, ...]]:
-        db = create_engine(database_url)
-        try:
-            async with db.connect() as connection:
-                return [tuple(row) for row in await connection.execute(sa.text(sql))]
-        finally:
-            await db.dispose()
-
-    return asyncio.run(run())
 
 
 def _calls(response: Any) -> list[dict[str, Any]]:
@@ -271,7 +256,7 @@ def test_constrained_run_resumes_after_kill_9(database_url: str, server_factory:
         (call,) = _calls(final)
         _check_call(call)
     assert final["usage"]["output_tokens"] == reference["usage"]["output_tokens"]
-    claims = _query(database_url, f"SELECT claims FROM runs WHERE response_id = '{response_id}'")
+    claims = sql_rows(database_url, f"SELECT claims FROM runs WHERE response_id = '{response_id}'")
     assert claims[0][0] >= 2, "the run was claimed again after the crash"
 
 
@@ -390,7 +375,7 @@ def test_bad_constraints_are_400_and_store_nothing(database_url: str, server_fac
         assert isinstance(error, dict), name
         assert error["param"] == param, (name, error)
         assert error["type"] == "invalid_request_error" and fragment in error["message"], (name, error)
-    assert _query(database_url, "SELECT count(*) FROM events") == [(0,)], "nothing was stored"
+    assert sql_rows(database_url, "SELECT count(*) FROM events") == [(0,)], "nothing was stored"
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

@@ -3,7 +3,6 @@ two replicas on one database, and projections rebuilt from the log."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -12,32 +11,19 @@ from typing import Any
 
 import openai
 import pytest
-import sqlalchemy as sa
 
-from service.store.db import create_engine
 from tests.api_helpers import (
     assert_well_formed_stream,
     client_for,
     final_text,
     raw_events,
+    sql_rows,
     text_from_deltas,
     wait_until_terminal,
 )
 from tests.conftest import ROOT, ServerProcess
 
 ServerFactory = Callable[..., ServerProcess]
-
-
-def _query(database_url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    async def run() -> list[tuple[Any, ...]]:
-        db = create_engine(database_url)
-        try:
-            async with db.connect() as connection:
-                return [tuple(row) for row in await connection.execute(sa.text(sql), params)]
-        finally:
-            await db.dispose()
-
-    return asyncio.run(run())
 
 
 def _read_until(stream: Any, count: int) -> list[dict[str, Any]]:
@@ -100,7 +86,7 @@ def test_kill_9_mid_stream_resumes_with_the_same_tokens(database_url: str, serve
         return [part["logprobs"] for item in output if item["type"] == "message" for part in item["content"]]
 
     assert logprobs_of(final["output"]) == logprobs_of(reference.model_dump()["output"])
-    claims = _query(database_url, "SELECT claims FROM runs WHERE response_id = :id", id=response_id)
+    claims = sql_rows(database_url, "SELECT claims FROM runs WHERE response_id = :id", id=response_id)
     assert claims[0][0] >= 2, "the run was claimed again after the crash"
 
 
@@ -113,7 +99,7 @@ def test_cancel_while_the_owner_is_dead_wins(database_url: str, server_factory: 
     while not client.responses.retrieve(response.id).output and time.monotonic() < deadline:
         time.sleep(0.05)
     # make sure the server we kill is the one generating
-    owner_pid = _query(database_url, "SELECT owner FROM runs WHERE response_id = :id", id=response.id)[0][0]
+    owner_pid = sql_rows(database_url, "SELECT owner FROM runs WHERE response_id = :id", id=response.id)[0][0]
     victim, other = (owner, survivor) if f"-{owner.process.pid}-" in owner_pid else (survivor, owner)  # type: ignore[union-attr]
     victim.kill()
     cancelled = client_for(other.url).responses.cancel(response.id)  # waits until the lease expires and it is claimed
@@ -132,7 +118,7 @@ def test_two_replicas_survivor_finishes_the_run(database_url: str, server_factor
     deadline = time.monotonic() + 60
     owner = None
     while owner is None and time.monotonic() < deadline:
-        owner = _query(database_url, "SELECT owner FROM runs WHERE response_id = :id", id=response.id)[0][0]
+        owner = sql_rows(database_url, "SELECT owner FROM runs WHERE response_id = :id", id=response.id)[0][0]
         time.sleep(0.05)
     assert owner is not None
     victim, survivor = (a, b) if f"-{a.process.pid}-" in owner else (b, a)  # type: ignore[union-attr]
@@ -144,7 +130,7 @@ def test_two_replicas_survivor_finishes_the_run(database_url: str, server_factor
     assert_well_formed_stream(seen)
     final = client.responses.retrieve(response.id).model_dump()
     assert final_text(final) == text_from_deltas(seen)
-    new_owner = _query(database_url, "SELECT claims FROM runs WHERE response_id = :id", id=response.id)[0][0]
+    new_owner = sql_rows(database_url, "SELECT claims FROM runs WHERE response_id = :id", id=response.id)[0][0]
     assert new_owner >= 2
 
 
@@ -168,7 +154,7 @@ def test_rebuild_projections_gives_identical_tables(database_url: str, server_fa
         "conversation_items": "SELECT * FROM conversation_items ORDER BY response_id, ordinal",
         "conversation_messages": "SELECT * FROM conversation_messages ORDER BY conversation_id, turn, ordinal",
     }
-    before = {name: _query(database_url, sql) for name, sql in tables.items()}
+    before = {name: sql_rows(database_url, sql) for name, sql in tables.items()}
     assert len(before["responses"]) == 3
     subprocess.run(
         [sys.executable, "-m", "service", "rebuild-projections"],
@@ -176,7 +162,7 @@ def test_rebuild_projections_gives_identical_tables(database_url: str, server_fa
         check=True,
         env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
     )
-    after = {name: _query(database_url, sql) for name, sql in tables.items()}
+    after = {name: sql_rows(database_url, sql) for name, sql in tables.items()}
     assert after == before
 
 

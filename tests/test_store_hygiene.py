@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -15,7 +14,7 @@ import httpx
 import sqlalchemy as sa
 
 from service.store.db import create_engine
-from tests.api_helpers import client_for, wait_until_terminal
+from tests.api_helpers import client_for, sql_rows, wait_until_terminal
 from tests.conftest import ServerProcess
 from tests.faults import doctor
 
@@ -23,25 +22,12 @@ ServerFactory = Callable[..., ServerProcess]
 TABLES = ("events", "run_facts", "runs", "conversation_items")
 
 
-def _sql(database_url: str, statement: str, **params: Any) -> list[tuple[Any, ...]]:
-    async def run() -> list[tuple[Any, ...]]:
-        db = create_engine(database_url)
-        try:
-            async with db.begin() as connection:
-                result = await connection.execute(sa.text(statement), params)
-                return [tuple(row) for row in result] if result.returns_rows else []
-        finally:
-            await db.dispose()
-
-    return asyncio.run(run())
-
-
 def _rows_of(database_url: str, response_id: str) -> dict[str, int]:
     counts = {
-        table: _sql(database_url, f"SELECT count(*) FROM {table} WHERE response_id = :id", id=response_id)[0][0]
+        table: sql_rows(database_url, f"SELECT count(*) FROM {table} WHERE response_id = :id", id=response_id)[0][0]
         for table in TABLES
     }
-    counts["responses"] = _sql(database_url, "SELECT count(*) FROM responses WHERE id = :id", id=response_id)[0][0]
+    counts["responses"] = sql_rows(database_url, "SELECT count(*) FROM responses WHERE id = :id", id=response_id)[0][0]
     return counts
 
 
@@ -95,8 +81,8 @@ def test_doctor_finds_a_gap_and_an_orphan(database_url: str, server_factory: Ser
     assert clean.stdout.strip().startswith("ok: 2 responses, ")
     server.stop()
 
-    _sql(database_url, "DELETE FROM events WHERE response_id = :id AND sequence_number = 3", id=first.id)
-    _sql(
+    sql_rows(database_url, "DELETE FROM events WHERE response_id = :id AND sequence_number = 3", id=first.id)
+    sql_rows(
         database_url,
         "INSERT INTO run_facts (response_id, kind, data, created_at) VALUES ('resp_orphan', 'cancel_requested', '{}', "
         ":now)",

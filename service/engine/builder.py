@@ -8,34 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from service.engine.config import DecoderConfig, ModelMeta, write_config
-from service.engine.cpu import cpu_features
-from service.engine.graph_contrib import BLOCK_SIZE, build_contrib_graph
+from service.engine.graph_contrib import build_contrib_graph
 from service.engine.graph_standard import build_standard_graph
+from service.engine.model_files import MODEL_FILE, save_model
+from service.engine.quantize import matmulnbits_scheme, quantize_model
 from service.engine.weights import random_weights
 
-MODEL_FILE = "model.onnx"
-EXTERNAL_DATA_THRESHOLD = 1 << 30  # protobuf caps a single file at 2 GiB; go external well before that
-
 Progress = Callable[[str], None]
-
-
-def save_model(model: onnx.ModelProto, path: Path) -> None:
-    """Write model.onnx, with weights in model.onnx.data when the model is large."""
-    size = sum(len(t.raw_data) for t in model.graph.initializer)
-    if size > EXTERNAL_DATA_THRESHOLD:
-        onnx.save_model(
-            model,
-            str(path),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=path.name + ".data",
-            size_threshold=1024,
-        )
-    else:
-        onnx.save_model(model, str(path))
 
 
 def write_fp32_decoder(
@@ -66,25 +46,13 @@ def write_contrib_decoder(
     out_dir.mkdir(parents=True, exist_ok=True)
     model = build_contrib_graph(config, random_weights(config, seed), quantize=quantize)
     save_model(model, out_dir / MODEL_FILE)
-    scheme = None
-    if quantize:
-        scheme = {
-            "scheme": "matmulnbits_int8",
-            "op": "com.microsoft.MatMulNBits",
-            "bits": 8,
-            "block_size": BLOCK_SIZE,
-            "symmetric": True,
-            "accuracy_level": 4,
-            "activation_type": "int8 (dynamic, per row block)",
-            "built_for_kernel": cpu_features().int8_kernel,
-        }
     meta = {
         "format": "onnx-decoder-with-past",
         "graph": "contrib",
         "kv_cache": "shared_buffer",
         "seed": seed,
         "logits": "last_position",
-        "quantization": scheme,
+        "quantization": matmulnbits_scheme() if quantize else None,
         **(extra or {}),
     }
     write_config(out_dir, ModelMeta(config, meta))
@@ -116,8 +84,6 @@ def build_random_decoder(
     if not quantize:
         note("weights + graph")
         return write_fp32_decoder(out_dir, config, seed, extra=extra, all_logits=all_logits)
-    from service.engine.quantize import quantize_model
-
     with tempfile.TemporaryDirectory(prefix="fp32-", dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         note("weights + graph")
         fp32 = write_fp32_decoder(Path(tmp), config, seed, extra=extra, all_logits=all_logits)

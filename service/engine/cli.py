@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 from service.engine.builder import build_random_decoder
-from service.engine.config import DecoderConfig
+from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
 from service.engine.info import model_info
 from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_files import new_directory
 from service.engine.quantize import quantize_model
 
+# Known architectures, with the vocabulary size of the original model ("native"); build-random puts
+# them on the Harmony vocabulary by default so that what it writes can be served as it is.
 SHAPES: dict[str, DecoderConfig] = {
     "qwen2.5-0.5b": DecoderConfig(
         vocab_size=151_936,
@@ -39,6 +43,18 @@ SHAPES: dict[str, DecoderConfig] = {
 }
 
 
+def shape_config(shape: str, vocab: str = "harmony") -> DecoderConfig:
+    """A shape on the Harmony vocabulary ("harmony"), or with its original vocabulary size ("native")."""
+    config = SHAPES[shape]
+    if vocab == "native":
+        return config
+    if vocab != "harmony":
+        raise ValueError(f"unknown vocabulary {vocab!r}")
+    return dataclasses.replace(
+        config, vocab_size=HARMONY_VOCAB_SIZE, bos_token_id=HARMONY_BOS_ID, eos_token_id=HARMONY_EOS_ID
+    )
+
+
 def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add `model {build-default,quantize,info,build-random}` to a parent parser's subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
@@ -48,20 +64,29 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", type=Path, default=None)
     p.set_defaults(func=_build_default)
 
-    p = sub.add_parser("quantize", help="int8-quantize a model directory")
+    p = sub.add_parser(
+        "quantize", help="write an int8 copy of a model directory (with its tokenizer and configs) to a new directory"
+    )
     p.add_argument("src", type=Path)
-    p.add_argument("dst", type=Path)
+    p.add_argument("dst", type=Path, help="a new directory (written elsewhere and renamed into place at the end)")
     p.set_defaults(func=_quantize)
 
     p = sub.add_parser("info", help="print a model directory's description as JSON")
     p.add_argument("path", type=Path, nargs="?", default=None, help="default: the built-in model")
     p.set_defaults(func=_info)
 
-    p = sub.add_parser("build-random", help="build a random-weight model of a known shape")
-    p.add_argument("out", type=Path)
+    p = sub.add_parser(
+        "build-random",
+        help="build a random-weight model of a known shape, ready for SERVICE_MODEL",
+        description="A seeded random-weight decoder of a known shape. By default it is on the Harmony vocabulary "
+        "(201,088 ids, chat_format harmony), so SERVICE_MODEL=OUT serves it as it is. --vocab native keeps the "
+        "original model's vocabulary size (for benchmarks; it has no tokenizer and cannot be served).",
+    )
+    p.add_argument("out", type=Path, help="a new directory")
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--vocab", choices=["harmony", "native"], default="harmony")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fp32", action="store_true", help="skip int8 quantization")
+    p.add_argument("--fp32", action="store_true", help="skip int8 quantization (`model quantize` can do it later)")
     p.set_defaults(func=_build_random)
 
 
@@ -75,7 +100,9 @@ def _build_default(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    print(quantize_model(args.src, args.dst))
+    out = quantize_model(args.src, args.dst)
+    scheme = read_config(out).extra["quantization"]["scheme"]
+    print(f"{out}: int8 ({scheme}); files: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
 
 
@@ -87,13 +114,16 @@ def _info(args: argparse.Namespace) -> int:
 
 def _build_random(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    out = build_random_decoder(
-        args.out,
-        SHAPES[args.shape],
-        args.seed,
-        quantize=not args.fp32,
-        extra={"model_id": f"random-{args.shape}"},
-        progress=print,
-    )
-    print(f"{out} ({time.monotonic() - started:.1f}s)")
+    extra = {"model_id": f"random-{args.shape}"}
+    if args.vocab == "harmony":
+        extra["chat_format"] = "harmony"
+    with new_directory(args.out) as tmp:
+        build_random_decoder(
+            tmp, shape_config(args.shape, args.vocab), args.seed, quantize=not args.fp32, extra=extra, progress=print
+        )
+    if args.vocab == "harmony":
+        note = f"serve it with SERVICE_MODEL={args.out}"
+    else:
+        note = "native vocabulary and no tokenizer: for benchmarks, not servable"
+    print(f"{args.out} ({time.monotonic() - started:.1f}s; {note})")
     return 0

@@ -1,4 +1,5 @@
-"""Decoder shape and metadata: our config.json, and HF-style config.json from user-brought exports."""
+"""Decoder shape and metadata: our config.json, HF-style config.json from user-brought exports, and
+onnxruntime-genai's genai_config.json (a directory its model builder wrote, with no config.json)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from service.engine.model_files import ModelDirError
+
 CONFIG_FILE = "config.json"
+GENAI_CONFIG_FILE = "genai_config.json"
+# The Harmony vocabulary (o200k_harmony): its size and the ids a Harmony model starts and ends with.
+HARMONY_VOCAB_SIZE = 201_088
+HARMONY_BOS_ID = 199_998  # <|startoftext|>
+HARMONY_EOS_ID = 200_002  # <|return|>
 
 
 @dataclass(frozen=True)
@@ -18,7 +26,7 @@ class DecoderConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int
+    intermediate_size: int  # 0 where the directory does not say (genai_config.json); only building needs it
     max_position: int  # the context: prompt + generated tokens
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
@@ -86,15 +94,94 @@ class ModelMeta:
     def model_id(self) -> str | None:
         return self.extra.get("model_id")
 
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Every end-of-sequence id the model declares (HF and genai configs may list several)."""
+        listed = self.extra.get("eos_token_ids")
+        if listed:
+            return [int(t) for t in listed]
+        return [] if self.decoder.eos_token_id is None else [self.decoder.eos_token_id]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Shape and metadata as one flat dict (what config.json holds)."""
+        return {**self.decoder.to_dict(), **self.extra}
+
     def to_json(self) -> str:
-        return json.dumps({**self.decoder.to_dict(), **self.extra}, indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n"
 
 
 def read_config(model_dir: Path) -> ModelMeta:
-    raw = json.loads((model_dir / CONFIG_FILE).read_text())
-    dec = DecoderConfig.from_dict(raw)
-    dec_keys = set(dec.to_dict())
-    return ModelMeta(dec, {k: v for k, v in raw.items() if k not in dec_keys})
+    """config.json (ours or HF's); else genai_config.json. Where both exist config.json describes the
+    model and genai_config.json adds what only it says (KV buffer sharing, graph input/output names)."""
+    config_path, genai_path = model_dir / CONFIG_FILE, model_dir / GENAI_CONFIG_FILE
+    genai = _load_json(genai_path) if genai_path.is_file() else None
+    if config_path.is_file():
+        raw = _load_json(config_path)
+        try:
+            dec = DecoderConfig.from_dict(raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelDirError(f"{config_path} does not describe a decoder: {exc!r}") from exc
+        dec_keys = set(dec.to_dict())
+        extra = {k: v for k, v in raw.items() if k not in dec_keys}
+        if isinstance(raw.get("eos_token_id"), list):
+            extra["eos_token_ids"] = raw["eos_token_id"]
+        if genai is not None:
+            extra = {**_genai_meta(genai_path, genai).extra, **extra}
+        return ModelMeta(dec, extra)
+    if genai is not None:
+        return _genai_meta(genai_path, genai)
+    if not model_dir.is_dir():
+        raise ModelDirError(f"{model_dir} is not a directory")
+    raise ModelDirError(f"{model_dir} is not a model directory: no {CONFIG_FILE} or {GENAI_CONFIG_FILE} in it")
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelDirError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path} is not a JSON object")
+    return data
+
+
+def _genai_meta(path: Path, genai: dict[str, Any]) -> ModelMeta:
+    """What onnxruntime-genai's genai_config.json says about the decoder (see its config reference:
+    model.{context_length, vocab_size, bos/eos_token_id}, model.decoder.{head_size, hidden_size,
+    num_*}, .inputs/.outputs name templates, search.past_present_share_buffer)."""
+    try:
+        model = genai["model"]
+        decoder = model["decoder"]
+        heads = int(decoder["num_attention_heads"])
+        eos = model.get("eos_token_id")
+        eos_ids = [int(t) for t in eos] if isinstance(eos, list) else ([int(eos)] if eos is not None else [])
+        search = genai.get("search", {})
+        dec = DecoderConfig(
+            vocab_size=int(model["vocab_size"]),
+            hidden_size=int(decoder["hidden_size"]),
+            num_layers=int(decoder["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(decoder.get("num_key_value_heads", heads)),
+            head_dim=int(decoder["head_size"]),
+            intermediate_size=0,
+            max_position=int(model.get("context_length") or search["max_length"]),
+            bos_token_id=model.get("bos_token_id"),
+            eos_token_id=eos_ids[0] if eos_ids else None,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelDirError(f"{path} does not describe a decoder: missing or bad {exc}") from exc
+    names = {**decoder.get("inputs", {}), **decoder.get("outputs", {})}
+    extra: dict[str, Any] = {
+        "format": "onnxruntime-genai",
+        "graph": "genai",
+        "eos_token_ids": eos_ids,
+        "io_names": {k: v for k, v in names.items() if isinstance(v, str)},
+    }
+    if search.get("past_present_share_buffer"):
+        extra["kv_cache"] = "shared_buffer"
+    if model.get("type"):
+        extra["model_type"] = model["type"]
+    return ModelMeta(dec, extra)
 
 
 def write_config(model_dir: Path, meta: ModelMeta) -> None:

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from service.engine.config import read_config
 from service.engine.cpu import cpu_features
-from service.engine.quantize import find_model_file
+from service.engine.model_files import ModelDirError, find_model_file
 
 _REPORTED_OPS = (
     "MatMulInteger",
@@ -35,7 +35,10 @@ def model_info(model_dir: Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
     path = find_model_file(model_dir)
     meta = read_config(model_dir)
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends: the file is not a graph
+        raise ModelDirError(f"{path} is not an ONNX graph: {' '.join(str(exc).split())}") from exc
     ops = Counter(n.op_type for n in model.graph.node)
     stored = sum(f.stat().st_size for f in model_dir.iterdir() if f.is_file())
     weights = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
@@ -49,7 +52,8 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         "chat_format": meta.extra.get("chat_format"),
         "quantization": meta.extra.get("quantization"),
         "decoder": meta.decoder.to_dict(),
-        "parameters": meta.decoder.parameter_count(),
+        # genai_config.json does not give the MLP width: no count then
+        "parameters": meta.decoder.parameter_count() if meta.decoder.intermediate_size else None,
         "stored_weight_elements": weights,
         "size_bytes": stored,
         "op_counts": {op: ops[op] for op in _REPORTED_OPS if ops[op]},

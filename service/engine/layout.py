@@ -1,4 +1,7 @@
-"""What a decoder graph expects: input/output names, KV shape and dtype, read off the session."""
+"""What a decoder graph expects: input/output names, KV shape and dtype, read off the session.
+
+Past/present names follow the usual patterns (past_key_values.N.key, present.N.value, ...), or the
+templates a genai_config.json declares (past_key_names "past_key_values.%d.key", logits, ...)."""
 
 from __future__ import annotations
 
@@ -43,12 +46,32 @@ def _ordered(names: list[str], pattern: re.Pattern[str]) -> list[str]:
     return [found[k] for k in sorted(found)]
 
 
-def detect_layout(session: ort.InferenceSession, config: DecoderConfig, *, shared_buffer: bool) -> GraphLayout:
+def _templated(names: dict[str, str], key: str, value: str, layers: int) -> list[str] | None:
+    if key not in names or value not in names:
+        return None
+    try:
+        return [template % i for i in range(layers) for template in (names[key], names[value])]
+    except TypeError as exc:  # a template without exactly one %d
+        raise EngineError(f"bad name template {names[key]!r} / {names[value]!r}: {exc}") from exc
+
+
+def detect_layout(
+    session: ort.InferenceSession,
+    config: DecoderConfig,
+    *,
+    shared_buffer: bool,
+    names: dict[str, str] | None = None,
+) -> GraphLayout:
+    """`names`: genai_config.json's decoder input/output names (past_key_names, present_value_names, logits, ...)."""
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    past = _ordered(list(inputs), _PAST)
-    present = _ordered(outputs, _PRESENT)
-    if "input_ids" not in inputs or not past or len(past) != len(present):
+    names = names or {}
+    past = _templated(names, "past_key_names", "past_value_names", config.num_layers) or _ordered(list(inputs), _PAST)
+    present = _templated(names, "present_key_names", "present_value_names", config.num_layers) or _ordered(
+        outputs, _PRESENT
+    )
+    missing = [n for n in past if n not in inputs] + [n for n in present if n not in outputs]
+    if "input_ids" not in inputs or not past or len(past) != len(present) or missing:
         raise EngineError(f"not a decoder-with-past graph: inputs {sorted(inputs)}, outputs {outputs}")
     shape = inputs[past[0]].shape
     kv_heads = shape[1] if isinstance(shape[1], int) else config.num_kv_heads
@@ -59,7 +82,7 @@ def detect_layout(session: ort.InferenceSession, config: DecoderConfig, *, share
     return GraphLayout(
         past_names=past,
         present_names=present,
-        logits_name="logits" if "logits" in outputs else outputs[0],
+        logits_name=names.get("logits") or ("logits" if "logits" in outputs else outputs[0]),
         has_attention_mask="attention_mask" in inputs,
         has_position_ids="position_ids" in inputs,
         has_use_cache_branch="use_cache_branch" in inputs,

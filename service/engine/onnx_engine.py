@@ -26,7 +26,6 @@ computed never changes what is sampled. Unconstrained sequences skip all of it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,7 @@ import onnxruntime as ort
 from service.engine.base import EngineError, FinishReason, LogitsConstraint, SamplingParams, TokenOutput
 from service.engine.config import read_config
 from service.engine.layout import GraphLayout, detect_layout
-from service.engine.quantize import find_model_file
+from service.engine.model_files import find_model_file
 from service.engine.sampling import sample
 
 _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produce (full-logits graphs)
@@ -122,8 +121,9 @@ class OnnxEngine:
         self.session = ort.InferenceSession(
             str(find_model_file(self.model_dir)), opts, providers=["CPUExecutionProvider"]
         )
-        shared = meta.extra.get("kv_cache") == "shared_buffer" or _genai_shares_buffer(self.model_dir)
-        self.layout: GraphLayout = detect_layout(self.session, self.config, shared_buffer=shared)
+        shared = meta.extra.get("kv_cache") == "shared_buffer"
+        names = meta.extra.get("io_names")
+        self.layout: GraphLayout = detect_layout(self.session, self.config, shared_buffer=shared, names=names)
         lay = self.layout
         self._pool = _SlotPool(len(lay.past_names), lay.kv_heads, self.max_context, lay.head_dim, lay.kv_dtype)
         self._slots: list[_Sequence] = []  # shared-buffer layout: _slots[i].slot == i
@@ -322,12 +322,3 @@ def _compute_masks(constraints: list[LogitsConstraint]) -> None:
     """Warm each constraint's memoized mask for the next step (runs beside the forward pass)."""
     for constraint in constraints:
         constraint.allowed_token_ids()
-
-
-def _genai_shares_buffer(model_dir: Path) -> bool:
-    """An onnxruntime-genai export declares its KV layout in genai_config.json."""
-    path = model_dir / "genai_config.json"
-    if not path.exists():
-        return False
-    search = json.loads(path.read_text()).get("search", {})
-    return bool(search.get("past_present_share_buffer", False))

@@ -1,4 +1,11 @@
-"""int8 quantization of a decoder model directory with onnxruntime.quantization."""
+"""int8 quantization of a model directory into a new directory that can be served as it is.
+
+Two schemes, picked by the graph: a contrib-op graph (GroupQueryAttention: ours, onnxruntime-genai's)
+gets MatMulNBits 8-bit blocks, exactly what `build-random` writes for int8; a standard-op graph
+(Optimum exports) gets onnxruntime's dynamic int8 (MatMulInteger). Everything else in the source
+directory (tokenizer, chat template, generation and genai configs) is copied. The result is written
+to a hidden sibling directory and renamed into place at the end, so an interrupted run leaves no
+half-written destination."""
 
 from __future__ import annotations
 
@@ -8,38 +15,115 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.engine.builder import MODEL_FILE, save_model
-from service.engine.config import read_config, write_config
+from service.engine.config import CONFIG_FILE, read_config, write_config
 from service.engine.cpu import cpu_features
+from service.engine.graph_contrib import BLOCK_SIZE, MS, quantize_blockwise_int8
+from service.engine.model_files import (
+    MODEL_FILE,
+    QUANTIZED_OPS,
+    ModelDirError,
+    copy_support_files,
+    find_model_file,
+    graph_files,
+    new_directory,
+    save_model,
+)
 
 
-def find_model_file(model_dir: Path) -> Path:
-    for name in (MODEL_FILE, "decoder_model_merged.onnx", "decoder_with_past_model.onnx", "model_quantized.onnx"):
-        if (model_dir / name).exists():
-            return model_dir / name
-    found = sorted(model_dir.glob("*.onnx"))
-    if not found:
-        raise FileNotFoundError(f"no .onnx model in {model_dir}")
-    return found[0]
+class AlreadyQuantized(ModelDirError):
+    """The source graph holds quantized weights already; quantizing it again would be wrong."""
 
 
 def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = None) -> Path:
-    """Dynamic int8 (per-channel weights, u8 activations) of every MatMul by a constant weight.
+    """Write an int8 copy of the model in `src_dir` to the new directory `dst_dir`.
 
-    reduce_range (7-bit weights) defaults to on for CPUs without VNNI, whose u8s8 kernel saturates."""
+    reduce_range (7-bit weights, standard graphs only) defaults to on for CPUs without VNNI, whose
+    u8s8 kernel saturates."""
+    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    src = find_model_file(src_dir)
+    meta = read_config(src_dir)
+    model = onnx.load(str(src), load_external_data=False)
+    ops = {node.op_type for node in model.graph.node}
+    if ops & QUANTIZED_OPS or meta.extra.get("quantization"):
+        found = ", ".join(sorted(ops & QUANTIZED_OPS)) or f"config.json says {meta.extra.get('quantization')}"
+        raise AlreadyQuantized(f"{src_dir} is quantized already ({found}); nothing to do")
+    with new_directory(dst_dir) as tmp:
+        if "GroupQueryAttention" in ops:
+            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE)
+        else:
+            scheme = _quantize_dynamic(src, tmp / MODEL_FILE, reduce_range)
+        copy_support_files(src_dir, tmp, skip=graph_files(src_dir) | {CONFIG_FILE})
+        meta.extra["quantization"] = scheme
+        write_config(tmp, meta)
+    return dst_dir
+
+
+def _quantize_contrib(model: onnx.ModelProto, out: Path) -> dict[str, Any]:
+    """Every MatMul by a constant 2-D fp32 weight becomes MatMulNBits (8 bits, symmetric blocks of 32,
+    accuracy level 4), the scheme graph_contrib writes: the result equals a model built int8."""
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    nodes, dropped = [], set()
+    for node in graph.node:
+        b = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if b is None or len(b.dims) != 2 or b.data_type != onnx.TensorProto.FLOAT:
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(b).T  # [K, N] -> [N, K]
+        n, k = w.shape
+        base = b.name.removesuffix(".weight_t")
+        qweight, scales, zp = quantize_blockwise_int8(w)
+        for suffix, array in (("qweight", qweight), ("scales", scales), ("zp", zp)):
+            graph.initializer.append(numpy_helper.from_array(array, f"{base}.{suffix}"))
+        ins = [node.input[0], f"{base}.qweight", f"{base}.scales", f"{base}.zp"]
+        attrs = {"K": k, "N": n, "bits": 8, "block_size": BLOCK_SIZE, "accuracy_level": 4}
+        nodes.append(helper.make_node("MatMulNBits", ins, list(node.output), name=node.name, domain=MS, **attrs))
+        uses[b.name] -= 1
+        if uses[b.name] == 0:
+            dropped.add(b.name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == MS for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS, 1))
+    save_model(model, out)
+    return matmulnbits_scheme()
+
+
+def matmulnbits_scheme() -> dict[str, Any]:
+    """config.json's description of graph_contrib's int8 weights."""
+    return {
+        "scheme": "matmulnbits_int8",
+        "op": "com.microsoft.MatMulNBits",
+        "bits": 8,
+        "block_size": BLOCK_SIZE,
+        "symmetric": True,
+        "accuracy_level": 4,
+        "activation_type": "int8 (dynamic, per row block)",
+        "built_for_kernel": cpu_features().int8_kernel,
+    }
+
+
+def _quantize_dynamic(src: Path, out: Path, reduce_range: bool | None) -> dict[str, Any]:
+    """Dynamic int8 (per-channel weights, u8 activations) of every MatMul by a constant weight."""
     cpu = cpu_features()
     rr = cpu.needs_reduce_range if reduce_range is None else reduce_range
-    src = find_model_file(src_dir)
-    dst_dir.mkdir(parents=True, exist_ok=True)
-    large = sum(f.stat().st_size for f in src_dir.iterdir() if f.is_file()) > (1 << 30)
+    large = sum(f.stat().st_size for f in src.parent.iterdir() if f.is_file()) > (1 << 30)
     logging.getLogger().setLevel(logging.WARNING)  # the quantizer is chatty at INFO
-    with tempfile.TemporaryDirectory(dir=dst_dir) as tmp:
-        out = Path(tmp) / MODEL_FILE
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        raw = Path(tmp) / MODEL_FILE
         quantize_dynamic(
             src,
-            out,
+            raw,
             op_types_to_quantize=["MatMul"],
             per_channel=True,
             reduce_range=rr,
@@ -48,9 +132,8 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
             extra_options={"MatMulConstBOnly": True},
         )
         # Re-save through our writer: one deterministic layout, external data only when large.
-        save_model(onnx.load(str(out)), dst_dir / MODEL_FILE)
-    meta = read_config(src_dir)
-    scheme: dict[str, Any] = {
+        save_model(onnx.load(str(raw)), out)
+    return {
         "scheme": "dynamic_int8",
         "tool": "onnxruntime.quantization.quantize_dynamic",
         "weight_type": "int8",
@@ -60,6 +143,3 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
         "op_types": ["MatMul"],
         "built_for_kernel": cpu.int8_kernel,
     }
-    meta.extra["quantization"] = scheme
-    write_config(dst_dir, meta)
-    return dst_dir

@@ -4,7 +4,10 @@ PostgreSQL goes through asyncpg.
 Convention, relied on by SQLite: `engine.begin()` is a write transaction and `engine.connect()`
 only reads. On SQLite a write transaction takes the write lock at BEGIN (IMMEDIATE: read-then-write
 never deadlocks on the upgrade), while a read is DEFERRED and, in WAL mode, never waits for writers.
-"""
+
+The migration scripts live in the repository's `migrations/` (where `alembic.ini` points) and are
+shipped inside the package as `service.migrations` (see setup.py), which is where this module
+finds them, so an installed wheel migrates as well as a checkout does."""
 
 from __future__ import annotations
 
@@ -13,16 +16,37 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import event, exc
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-ROOT = Path(__file__).resolve().parents[2]
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database cannot be opened: a bad URL, an unreachable server, a database that does not
+    exist, a file that cannot be created. The message is one line meant for the person running it."""
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    database: str  # the URL with its password hidden
+    before: str | None  # the revision found (None: an empty database)
+    after: str | None
+
+    def describe(self) -> str:
+        if self.before == self.after:
+            return f"{self.database}: already at revision {self.after} (head); nothing to do"
+        return f"{self.database}: migrated from revision {self.before or '(empty database)'} to {self.after} (head)"
 
 
 def is_sqlite(url: str) -> bool:
@@ -108,22 +132,80 @@ def _switch_to_wal(cursor: Any) -> None:
             time.sleep(0.05)
 
 
+def describe_url(url: str) -> str:
+    """The URL as it is safe to print (password hidden)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return repr(url)
+
+
+def migrations_dir() -> Path:
+    """The Alembic script directory shipped in the package (the repository's `migrations/`)."""
+    path = Path(str(resources.files("service.migrations")))
+    if not (path / "env.py").is_file():
+        raise RuntimeError(f"the migration scripts are missing from the installed package ({path})")
+    return path
+
+
 def alembic_config(url: str) -> Config:
-    config = Config(str(ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(ROOT / "migrations"))
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 
 
-def migrate_sync(url: str) -> None:
-    command.upgrade(alembic_config(url), "head")
+def _unavailable(url: str, error: BaseException) -> DatabaseUnavailable:
+    reason = error.orig if isinstance(error, exc.DBAPIError) and error.orig is not None else error
+    text = " ".join(str(reason).split()) or type(reason).__name__
+    hint = ""
+    database = make_url(url).database
+    if not is_sqlite(url) and f'database "{database}" does not exist' in text:
+        hint = f" (create it first: createdb {database})"
+    elif is_sqlite(url) and "unable to open" in text:
+        hint = " (does the directory exist and is it writable?)"
+    return DatabaseUnavailable(f"cannot open the database {describe_url(url)}: {text}{hint}")
+
+
+async def current_revision(url: str) -> str | None:
+    """The Alembic revision the database is at (None: not migrated yet); DatabaseUnavailable if unreachable."""
+    try:
+        parsed = make_url(url)
+        args = {"timeout": CONNECT_TIMEOUT_SECONDS} if parsed.get_backend_name() == "postgresql" else {}
+        engine = create_async_engine(parsed, connect_args=args)
+    except (exc.ArgumentError, exc.InvalidRequestError, ImportError) as error:
+        raise DatabaseUnavailable(f"SERVICE_DATABASE_URL={describe_url(url)} is not usable: {error}") from error
+    try:
+        async with engine.connect() as connection:
+            return await connection.run_sync(_revision_of)
+    except (TimeoutError, exc.DBAPIError, OSError) as error:
+        raise _unavailable(url, error) from error
+    finally:
+        await engine.dispose()
+
+
+def _revision_of(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def migrate_sync(url: str) -> MigrationResult:
+    """Upgrade to the head revision; says where the database was and where it is now."""
+    before = asyncio.run(current_revision(url))
+    if before != head_revision():
+        command.upgrade(alembic_config(url), "head")
+    after = asyncio.run(current_revision(url))
     database = make_url(url).database
     if is_sqlite(url) and database and database != ":memory:":
         # WAL is a property of the file: set it once here, before any service connection opens.
         with contextlib.closing(sqlite3.connect(database, timeout=30)) as connection:
             _switch_to_wal(connection.cursor())
+    return MigrationResult(describe_url(url), before, after)
 
 
-async def migrate(url: str) -> None:
+async def migrate(url: str) -> MigrationResult:
     # Alembic's env.py runs its own event loop; give it a thread.
-    await asyncio.to_thread(migrate_sync, url)
+    return await asyncio.to_thread(migrate_sync, url)
