@@ -26,9 +26,9 @@ needs_postgres = pytest.mark.skipif(bool(_PG_SKIP_REASON), reason=_PG_SKIP_REASO
 def test_migrate_says_what_it_did(database_url: str) -> None:
     first = run_cli("migrate", SERVICE_DATABASE_URL=database_url)
     assert first.returncode == 0, first.stderr
-    assert "migrated from revision (empty database) to 0001 (head)" in first.stdout
+    assert "migrated from revision (empty database) to 0002 (head)" in first.stdout
     again = run_cli("migrate", SERVICE_DATABASE_URL=database_url)
-    assert again.returncode == 0 and "already at revision 0001 (head); nothing to do" in again.stdout
+    assert again.returncode == 0 and "already at revision 0002 (head); nothing to do" in again.stdout
     database = database_url.rsplit("/", 1)[-1]
     assert database in first.stdout and database in again.stdout
 
@@ -184,7 +184,7 @@ def test_an_installed_wheel_can_migrate(tmp_path: Path) -> None:
         [python, "-m", "service", "migrate"], cwd=work, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "migrated from revision (empty database) to 0001 (head)" in result.stdout
+    assert "migrated from revision (empty database) to 0002 (head)" in result.stdout
     assert (work / "fresh.db").exists() and not (ROOT / "fresh.db").exists()
 
 
