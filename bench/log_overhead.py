@@ -17,7 +17,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from service.engine.base import SamplingParams
-from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_dir import ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting import chat_format_for
 from service.prompting.base import PromptRequest
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    model_dir = ensure_builtin_model(MODEL_CACHE, progress=False)
+    model_dir = ensure_random_model(MODEL_CACHE, progress=False)  # the servers run it too (endless)
     with tempfile.TemporaryDirectory() as tmp:
         urls = args.database_url or [f"sqlite+aiosqlite:///{tmp}/bench.db"]
         bare = bare_engine(model_dir, args.tokens, args.threads)

@@ -1,5 +1,6 @@
-"""Shared fixtures: databases (SQLite files and the running PostgreSQL), the built-in model,
-and real server processes started with `python -m service serve` on loopback ports."""
+"""Shared fixtures: databases (SQLite files and the running PostgreSQL), the models (the random one
+servers run by default, the trained built-in one), and real server processes started with
+`python -m service serve` on loopback ports."""
 
 from __future__ import annotations
 
@@ -79,8 +80,22 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         drop_postgres_database(name)
 
 
+def random_model() -> Path:
+    """The seeded random-weight Harmony model: it never stops by itself, which the tests of
+    cancellation, durability and chaos need. Servers run it unless a test names another model."""
+    from service.engine.model_dir import ensure_random_model
+
+    return ensure_random_model(MODEL_CACHE, progress=False)
+
+
+@pytest.fixture(scope="session")
+def random_model_dir() -> Path:
+    return random_model()
+
+
 @pytest.fixture(scope="session")
 def builtin_model_dir() -> Path:
+    """The trained built-in model (stops, reasons, calls tools): pass SERVICE_MODEL=str(it) to a server."""
     from service.engine.model_dir import ensure_builtin_model
 
     return ensure_builtin_model(MODEL_CACHE, progress=False)
@@ -116,6 +131,7 @@ class ServerProcess:
             "SERVICE_LEASE_SECONDS": "3",
             "SERVICE_CLAIM_INTERVAL_SECONDS": "0.3",
             "SERVICE_POLL_INTERVAL_SECONDS": "0.2",
+            "SERVICE_MODEL": str(random_model()),
             **self.env,
         }
         log = self.log_path.open("ab")
@@ -171,7 +187,7 @@ class ServerProcess:
 
 
 @pytest.fixture
-def server_factory(tmp_path: Path, builtin_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
+def server_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
     servers: list[ServerProcess] = []
 
     def make(database_url: str, **env: str) -> ServerProcess:

@@ -34,7 +34,7 @@ LONG = 3000  # output tokens: long enough to still be running when a test cancel
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def server(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, builtin_model_dir: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"api-{request.param}")
     name = None
@@ -58,7 +58,7 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 def test_plain_request_returns_the_stored_response(client: openai.OpenAI) -> None:
     response = client.responses.create(
-        model="builtin-harmony-tiny", input="Say hello", max_output_tokens=24, extra_body={"seed": 7}
+        model="random-harmony-tiny", input="Say hello", max_output_tokens=24, extra_body={"seed": 7}
     )
     assert response.id.startswith("resp_")
     assert response.status in ("completed", "incomplete")

@@ -145,7 +145,7 @@ def _verify(server: ServerProcess, client: Any, ids: list[str], cancelled: list[
 @pytest.mark.slow
 @pytest.mark.parametrize("store_faults", [False, True], ids=["crashes", "crashes+store-faults"])
 def test_chaos_kill_9_restart_cycles(
-    database_url: str, builtin_model_dir: Path, tmp_path: Path, store_faults: bool
+    database_url: str, random_model_dir: Path, tmp_path: Path, store_faults: bool
 ) -> None:
     report = run_chaos(database_url, runs=6, kills=4, seed=7, log_dir=tmp_path, store_faults=store_faults)
     print("chaos report:", json.dumps(report))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.engine.base import EngineError, SamplingParams
-from service.engine.model_dir import BUILTIN_NAME, ensure_builtin_model
+from service.engine.model_dir import RANDOM_NAME, ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from tests.engine_fixtures import (
     SMALL,
@@ -122,10 +122,10 @@ def test_constraint_masks_and_is_fed(engine: OnnxEngine) -> None:
     assert grammar.fed == toks
 
 
-def test_builtin_model_generates() -> None:
-    model_dir = ensure_builtin_model(progress=False)
+def test_random_harmony_model_generates() -> None:
+    model_dir = ensure_random_model(progress=False)
     eng = OnnxEngine(model_dir)
-    assert eng.model_id == BUILTIN_NAME and eng.max_context == 4096
+    assert eng.model_id == RANDOM_NAME and eng.max_context == 4096
     eng.add_sequence("a", [200006, 17360, 200008, 12194, 200007], _sampled(20, top_logprobs=2))
     out = run_to_end(eng)["a"]
     assert len(out) == 20 and len(set(out)) > 5 and max(out) < 201_088

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from service.engine.config import DecoderConfig, ModelMeta, write_config
 from service.engine.graph_contrib import build_contrib_graph
 from service.engine.graph_standard import build_standard_graph
@@ -43,14 +45,26 @@ def write_contrib_decoder(
     out_dir: Path, config: DecoderConfig, seed: int, *, quantize: bool, extra: dict[str, Any] | None = None
 ) -> Path:
     """The contrib-op graph (GroupQueryAttention, MatMulNBits int8 weights quantized here in numpy)."""
+    weights = random_weights(config, seed)
+    return write_contrib_model(out_dir, config, weights, quantize=quantize, extra={"seed": seed, **(extra or {})})
+
+
+def write_contrib_model(
+    out_dir: Path,
+    config: DecoderConfig,
+    weights: dict[str, np.ndarray],
+    *,
+    quantize: bool,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Given weights (HF names and layout) -> the contrib-op graph + config.json in `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = build_contrib_graph(config, random_weights(config, seed), quantize=quantize)
+    model = build_contrib_graph(config, weights, quantize=quantize)
     save_model(model, out_dir / MODEL_FILE)
     meta = {
         "format": "onnx-decoder-with-past",
         "graph": "contrib",
         "kv_cache": "shared_buffer",
-        "seed": seed,
         "logits": "last_position",
         "quantization": matmulnbits_scheme() if quantize else None,
         **(extra or {}),

@@ -11,7 +11,7 @@ from pathlib import Path
 from service.engine.builder import build_random_decoder
 from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
 from service.engine.info import model_info
-from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_dir import describe_builtin, ensure_builtin_model
 from service.engine.model_files import new_directory
 from service.engine.quantize import quantize_model
 
@@ -89,13 +89,18 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fp32", action="store_true", help="skip int8 quantization (`model quantize` can do it later)")
     p.set_defaults(func=_build_random)
 
+    from service.training.cli import add_train_builtin  # torch is imported only when the command runs
+
+    add_train_builtin(sub)
+
 
 def run_model_command(args: argparse.Namespace) -> int:
     return int(args.func(args) or 0)
 
 
 def _build_default(args: argparse.Namespace) -> int:
-    print(ensure_builtin_model(args.cache_dir, progress=True))
+    path = ensure_builtin_model(args.cache_dir, progress=True)
+    print(json.dumps({"path": str(path), **describe_builtin()}, indent=2))
     return 0
 
 

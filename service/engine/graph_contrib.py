@@ -109,6 +109,8 @@ def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quan
     hdn, _ = skip_norm(last, last_res, "model.norm.weight")
     head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
     logits = linear(hdn, "lm_head", head)
+    if "lm_head.bias" in w:  # e.g. a model trained on part of the vocabulary: -1e4 for ids it never wrote
+        logits = g.op("Add", [logits, g.weight("lm_head.bias", w["lm_head.bias"])])
     g.op_named("Identity", [logits], ["logits"])
 
     kv: list[int | str] = ["batch", kvh, "max_context", d]

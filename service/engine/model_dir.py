@@ -1,24 +1,41 @@
-"""The model cache and the built-in model, built on first use."""
+"""The model cache: the built-in model (trained here, shipped in the package) and the random test model.
+
+The built-in model ships as a compact artifact in `service/builtin_model/` (float16 weights over
+the few thousand ids its corpus uses, plus a manifest with its SHA-256, training configuration
+and metrics). On first use it is checked against that hash and expanded into a servable ONNX int8
+directory in the cache: seconds, never training. The random-weight model (endless generation,
+for tests and benchmarks) is built from a seed the same way it always was."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
-from service.engine.builder import build_random_decoder
+from service.engine.builder import build_random_decoder, write_contrib_model
+from service.engine.compact import ArtifactError, expand, load_compact
 from service.engine.config import DecoderConfig
 
+HARMONY_VOCAB_SIZE = 201_088  # the Harmony (o200k_harmony) vocabulary
 BUILTIN_NAME = "builtin-harmony-tiny"
 # Bump when the builder, weights or quantization change: the cache directory name carries it.
-BUILTIN_VERSION = 2
-BUILTIN_SEED = 20250801
-BUILTIN_CONFIG = DecoderConfig(
-    vocab_size=201_088,  # the Harmony (o200k_harmony) vocabulary
+BUILTIN_VERSION = 3
+BUILTIN_ARTIFACT_DIR = Path(__file__).resolve().parents[1] / "builtin_model"
+BUILTIN_MANIFEST = BUILTIN_ARTIFACT_DIR / f"{BUILTIN_NAME}.json"
+
+RANDOM_NAME = "random-harmony-tiny"
+RANDOM_VERSION = 2
+RANDOM_SEED = 20250801
+RANDOM_CONFIG = DecoderConfig(
+    vocab_size=HARMONY_VOCAB_SIZE,
     hidden_size=128,
     num_layers=2,
     num_heads=4,
@@ -42,39 +59,49 @@ def default_model_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "responses-service" / "models"
 
 
-def builtin_dir_name() -> str:
-    return f"{BUILTIN_NAME}-v{BUILTIN_VERSION}-int8"
+def read_manifest(path: Path = BUILTIN_MANIFEST) -> dict[str, Any]:
+    if not path.is_file():
+        raise ArtifactError(f"built-in model manifest {path} is missing (a broken install?)")
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    return manifest
 
 
-def ensure_builtin_model(cache_dir: Path | None = None, progress: bool = True) -> Path:
-    """The built-in model's directory, building and caching it first if needed.
+def builtin_dir_name(manifest: dict[str, Any] | None = None) -> str:
+    sha = (manifest or read_manifest())["sha256"]
+    return f"{BUILTIN_NAME}-v{BUILTIN_VERSION}-{sha[:12]}-int8"
 
-    Built in a temporary sibling directory and renamed into place, so a crash mid-build never
-    leaves a half model; concurrent builders race harmlessly (the loser discards its copy)."""
-    cache = cache_dir or default_model_dir()
-    target = cache / builtin_dir_name()
+
+def random_dir_name() -> str:
+    return f"{RANDOM_NAME}-v{RANDOM_VERSION}-int8"
+
+
+def materialise_builtin(manifest_path: Path, out_dir: Path) -> Path:
+    """Check the artifact beside `manifest_path` against its hash, expand it to the full vocabulary,
+    write the contrib-op int8 graph + config.json to `out_dir`."""
+    manifest = read_manifest(manifest_path)
+    compact = load_compact(manifest_path.parent / manifest["artifact"], manifest["sha256"])
+    config = replace(DecoderConfig.from_dict(manifest["decoder"]), vocab_size=HARMONY_VOCAB_SIZE)
+    extra = {
+        "model_id": manifest["model_id"],
+        "chat_format": "harmony",
+        "builtin_version": BUILTIN_VERSION,
+        "artifact_sha256": manifest["sha256"],
+        "description": "small Harmony decoder trained offline on a synthetic corpus (see the README's model card)",
+    }
+    return write_contrib_model(out_dir, config, expand(compact, config), quantize=True, extra=extra)
+
+
+def _cached(target: Path, name: str, build: Callable[[Path], Path], progress: bool) -> Path:
+    """`target`, built first if needed: in a temporary sibling renamed into place, so a crash mid-build
+    never leaves a half model; concurrent builders race harmlessly (the loser discards its copy)."""
     if (target / "config.json").exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    steps = ["weights + graph"]
-    bar = tqdm(total=len(steps), desc=f"building {BUILTIN_NAME}", disable=not progress, unit="step")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=1, desc=f"building {name}", disable=not progress, unit="step")
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{BUILTIN_NAME}-", dir=cache))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        out = tmp / "model"
-        extra = {
-            "model_id": BUILTIN_NAME,
-            "chat_format": "harmony",
-            "builtin_version": BUILTIN_VERSION,
-            "description": "random-weight Llama-style decoder on the Harmony vocabulary (for tests and demos)",
-        }
-
-        def note(msg: str) -> None:
-            bar.set_postfix_str(msg)
-            if msg != steps[0]:
-                bar.update(1)
-
-        build_random_decoder(out, BUILTIN_CONFIG, BUILTIN_SEED, quantize=True, extra=extra, progress=note)
+        out = build(tmp / "model")
         bar.update(1)
         try:
             out.rename(target)
@@ -87,3 +114,38 @@ def ensure_builtin_model(cache_dir: Path | None = None, progress: bool = True) -
     if progress:
         print(f"built {target} in {time.monotonic() - started:.1f}s")
     return target
+
+
+def ensure_builtin_model(cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """The built-in (trained) model's servable directory, materialised from the shipped artifact if needed."""
+    manifest = read_manifest()
+    target = (cache_dir or default_model_dir()) / builtin_dir_name(manifest)
+    return _cached(target, BUILTIN_NAME, lambda out: materialise_builtin(BUILTIN_MANIFEST, out), progress)
+
+
+def ensure_random_model(cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """The seeded random-weight Harmony model (never stops by itself: for tests and benchmarks)."""
+    target = (cache_dir or default_model_dir()) / random_dir_name()
+    extra = {
+        "model_id": RANDOM_NAME,
+        "chat_format": "harmony",
+        "description": "random-weight Llama-style decoder on the Harmony vocabulary (for tests and benchmarks)",
+    }
+
+    def build(out: Path) -> Path:
+        return build_random_decoder(out, RANDOM_CONFIG, RANDOM_SEED, quantize=True, extra=extra)
+
+    return _cached(target, RANDOM_NAME, build, progress)
+
+
+def describe_builtin() -> dict[str, Any]:
+    """What the built-in model is: its id, artifact, hash, shape and recorded metrics."""
+    manifest = read_manifest()
+    return {
+        "model_id": manifest["model_id"],
+        "artifact": str(BUILTIN_ARTIFACT_DIR / manifest["artifact"]),
+        "sha256": manifest["sha256"],
+        "artifact_bytes": manifest["size_bytes"],
+        "decoder": manifest["decoder"],
+        "metrics": manifest["metrics"],
+    }

@@ -1,0 +1,156 @@
+"""Quality of the built-in model on held-out synthetic prompts, through the real engine (ONNX int8).
+
+Prompts come from the training corpus generator with another seed, rendered exactly as the server
+renders them; completions are sampled at temperature 1 with the Harmony header constraint, like
+the server does (message bodies, including function arguments, are unconstrained). Reports:
+
+- well_formed: the completion parses as Harmony with openai-harmony (strict);
+- ended_by_itself: it stopped with <|return|> or <|call|> within --max-tokens;
+- tool_decision: it called the expected function, or answered without a call when none fits;
+- arguments_json_valid: the calls' arguments are a JSON object;
+- argument_copied: the call's argument equals the value in the user's request;
+- answer_has_tool_value: after a tool result, the final answer contains the tool output's salient value.
+
+    SERVICE_INTRA_OP_THREADS=1 python -m bench.builtin_quality [--samples 300] [--model DIR] [--update-manifest]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openai_harmony import Role
+
+from service.engine.base import SamplingParams
+from service.engine.model_dir import BUILTIN_MANIFEST, ensure_builtin_model
+from service.engine.onnx_engine import OnnxEngine
+from service.prompting.harmony import HarmonyFormat
+from service.training.corpus import Renderer, Sample, make_samples
+
+HELD_OUT_SEED = 424242  # the training corpus uses TrainConfig.seed (1)
+
+
+@dataclass
+class Outcome:
+    sample: Sample
+    tokens: list[int]
+    stopped: bool
+
+
+def generate(model_dir: Path, samples: list[Sample], max_tokens: int, threads: int, batch: int) -> list[Outcome]:
+    engine = OnnxEngine(model_dir, intra_op_threads=threads, max_batch=batch)
+    renderer = Renderer()
+    fmt = renderer.fmt
+    stops = fmt.stop_token_ids()
+    outcomes: list[Outcome] = []
+    for start in range(0, len(samples), batch):
+        part = samples[start : start + batch]
+        tokens: dict[str, list[int]] = {}
+        stopped: dict[str, bool] = {}
+        for offset, sample in enumerate(part):
+            sid = str(start + offset)
+            params = SamplingParams(
+                max_new_tokens=max_tokens, temperature=1.0, seed=start + offset, stop_token_ids=stops
+            )
+            engine.add_sequence(sid, renderer.prompt(sample), params, constraint=fmt.constraint_for(sample.request))
+            tokens[sid], stopped[sid] = [], False
+        while engine.active_sequence_ids():
+            for sid, out in engine.step().items():
+                tokens[sid].append(out.token_id)
+                if out.finish_reason is not None:
+                    stopped[sid] = out.finish_reason == "stop"
+        outcomes += [Outcome(s, tokens[str(start + i)], stopped[str(start + i)]) for i, s in enumerate(part)]
+    return outcomes
+
+
+def score(outcomes: list[Outcome], fmt: HarmonyFormat) -> dict[str, Any]:
+    counts = {k: [0, 0] for k in ("well_formed", "ended_by_itself", "tool_decision", "arguments_json_valid")}
+    counts |= {"argument_copied": [0, 0], "answer_has_tool_value": [0, 0]}
+    failures: list[str] = []
+
+    def tally(key: str, ok: bool) -> None:
+        counts[key][0] += int(ok)
+        counts[key][1] += 1
+
+    for o in outcomes:
+        tally("ended_by_itself", o.stopped)
+        try:
+            messages = fmt.encoding.parse_messages_from_completion_tokens(o.tokens, Role.ASSISTANT, strict=True)
+            parsed = True
+        except Exception:  # noqa: BLE001 - any parse error means the completion is not well-formed
+            messages, parsed = [], False
+        tally("well_formed", parsed)
+        calls = [m for m in messages if (m.recipient or "").startswith("functions.")]
+        finals = [m for m in messages if m.channel == "final"]
+        expected_call = o.sample.kind == "call"
+        name = calls[0].recipient.removeprefix("functions.") if calls and calls[0].recipient else None
+        decided = (name == o.sample.tool) if expected_call else not calls
+        tally("tool_decision", decided)
+        if not decided and len(failures) < 10:
+            failures.append(f"decision: expected {o.sample.tool or 'no call'}, got {name or 'no call'}")
+        for call in calls:
+            text = "".join(c.text for c in call.content if hasattr(c, "text"))
+            try:
+                args = json.loads(text)
+                valid = isinstance(args, dict)
+            except ValueError:
+                args, valid = None, False
+            tally("arguments_json_valid", valid)
+            if expected_call and name == o.sample.tool and o.sample.argument is not None:
+                param, value = o.sample.argument
+                copied = valid and isinstance(args, dict) and args.get(param) == value
+                tally("argument_copied", copied)
+                if not copied and len(failures) < 20:
+                    failures.append(f"argument: expected {param}={value!r}, got {text!r}")
+        if o.sample.kind == "after_tool":
+            answer = "".join(c.text for m in finals for c in m.content if hasattr(c, "text"))
+            ok = o.sample.salient is not None and o.sample.salient in answer
+            tally("answer_has_tool_value", ok)
+            if not ok and len(failures) < 30:
+                failures.append(f"answer: expected {o.sample.salient!r} in {answer!r}")
+    report: dict[str, Any] = {
+        key: {"rate": round(ok / n, 4) if n else None, "ok": ok, "of": n} for key, (ok, n) in counts.items()
+    }
+    report["examples_of_failures"] = failures
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=HELD_OUT_SEED)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--model", type=Path, default=None, help="a model directory (default: the built-in model)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("SERVICE_INTRA_OP_THREADS", "1")))
+    parser.add_argument(
+        "--update-manifest", action="store_true", help="record the figures in the built-in model's manifest"
+    )
+    args = parser.parse_args()
+    model_dir = args.model or ensure_builtin_model(progress=True)
+    samples = make_samples(args.seed, args.samples)
+    started = time.monotonic()
+    outcomes = generate(model_dir, samples, args.max_tokens, args.threads, args.batch)
+    report = {
+        "model": str(model_dir),
+        "held_out_seed": args.seed,
+        "samples": len(samples),
+        "max_output_tokens": args.max_tokens,
+        "temperature": 1.0,
+        **score(outcomes, HarmonyFormat()),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(report, indent=2))
+    if args.update_manifest:
+        manifest = json.loads(BUILTIN_MANIFEST.read_text())
+        manifest["metrics"]["quality"] = {k: v for k, v in report.items() if k not in ("model", "examples_of_failures")}
+        BUILTIN_MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""A decoder trained over a compact vocabulary, stored small, expanded to the full vocabulary.
+
+The artifact is one `.npz`: the weights (float16, Hugging Face names, compact rows), `vocab_ids`
+(compact row i >= 1 is vocabulary id vocab_ids[i - 1]; row 0 stands for every id the training
+corpus never used) and `target_ids` (the ids the model was trained to write). Expanding it gives the
+full-vocabulary weights the graph builder takes: unseen input ids share row 0's embedding, and
+`lm_head.bias` gives every id outside `target_ids` a logit of -1e4 (no probability mass)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.engine.config import DecoderConfig
+
+UNSEEN_LOGIT = -1e4  # exp(-1e4) is 0 in float32: ids the model never wrote cannot be sampled
+_TABLES = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+class ArtifactError(RuntimeError):
+    """The stored model is missing, corrupt, or not the one its manifest describes."""
+
+
+@dataclass
+class CompactModel:
+    weights: dict[str, np.ndarray]  # float32, compact rows for the two vocabulary tables
+    vocab_ids: np.ndarray
+    target_ids: np.ndarray
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_compact(path: Path, model: CompactModel) -> str:
+    """Write the artifact deterministically (fixed zip timestamps, sorted names); returns its SHA-256."""
+    arrays: dict[str, np.ndarray] = {name: w.astype(np.float16) for name, w in model.weights.items()}
+    arrays["vocab_ids"] = model.vocab_ids.astype(np.int32)
+    arrays["target_ids"] = model.target_ids.astype(np.int32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        for name in sorted(arrays):
+            buf = io.BytesIO()
+            np.save(buf, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, buf.getvalue(), compresslevel=9)
+    return sha256_file(path)
+
+
+def load_compact(path: Path, sha256: str) -> CompactModel:
+    """Read the artifact after checking its SHA-256 against the manifest's."""
+    if not path.is_file():
+        raise ArtifactError(f"model artifact {path} is missing")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise ArtifactError(f"model artifact {path} has SHA-256 {actual}, its manifest says {sha256}")
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    vocab_ids, target_ids = arrays.pop("vocab_ids"), arrays.pop("target_ids")
+    return CompactModel({k: v.astype(np.float32) for k, v in arrays.items()}, vocab_ids, target_ids)
+
+
+def expand(model: CompactModel, config: DecoderConfig) -> dict[str, np.ndarray]:
+    """Full-vocabulary weights for `config` (vocab_size = the tokenizer's), plus `lm_head.bias`."""
+    ids = model.vocab_ids.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
+        raise ArtifactError(f"artifact ids fall outside the {config.vocab_size}-id vocabulary")
+    w = {k: v for k, v in model.weights.items() if k not in _TABLES}
+    emb = model.weights["model.embed_tokens.weight"]
+    full = np.empty((config.vocab_size, config.hidden_size), dtype=np.float32)
+    full[:] = emb[0]
+    full[ids] = emb[1:]
+    w["model.embed_tokens.weight"] = full
+    head = np.zeros((config.vocab_size, config.hidden_size), dtype=np.float32)
+    head[ids] = model.weights["lm_head.weight"][1:]
+    w["lm_head.weight"] = head
+    bias = np.full(config.vocab_size, UNSEEN_LOGIT, dtype=np.float32)
+    bias[model.target_ids.astype(np.int64)] = 0.0
+    w["lm_head.bias"] = bias
+    return w

@@ -1,0 +1,47 @@
+"""Training configuration (no torch here: the CLI reads the defaults without the train extra)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.engine.config import DecoderConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 1
+    samples: int = 16_000
+    steps: int = 2400
+    batch_size: int = 16
+    lr: float = 3e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.01
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    unk_rate: float = 0.01  # prompt tokens replaced by UNK, so unseen user text is not out of distribution
+    threads: int = 1
+
+    def decoder(self, vocab_size: int) -> DecoderConfig:
+        return DecoderConfig(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            max_position=4096,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            tie_embeddings=False,
+            bos_token_id=199998,
+            eos_token_id=200002,
+        )
+
+
+DEFAULT_TRAIN_CONFIG = TrainConfig()

@@ -1,0 +1,150 @@
+"""Train the built-in model: seeded, deterministic, on the completion tokens of the synthetic corpus."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from service.engine.config import DecoderConfig
+from service.training.config import TrainConfig
+from service.training.corpus import Renderer, make_samples
+from service.training.model import Decoder
+
+UNK = 0  # compact index of every id the corpus never uses (inputs only: it is never a target)
+
+
+@dataclass
+class TrainedModel:
+    """Weights over the compact vocabulary: compact index i >= 1 is Harmony id vocab_ids[i - 1]."""
+
+    config: TrainConfig
+    decoder: DecoderConfig  # compact vocab_size
+    weights: dict[str, np.ndarray]
+    vocab_ids: np.ndarray  # int32, sorted Harmony ids
+    target_ids: np.ndarray  # int32, sorted Harmony ids the model may write
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Corpus:
+    sequences: list[np.ndarray]  # compact ids
+    completion_start: list[int]  # index of the first completion token in each sequence
+    vocab_ids: np.ndarray
+    target_ids: np.ndarray
+
+
+def build_corpus(seed: int, count: int, renderer: Renderer | None = None) -> Corpus:
+    renderer = renderer or Renderer()
+    rendered = []
+    for sample in make_samples(seed, count):
+        rendered.append((renderer.prompt(sample), renderer.completion(sample.completion)))
+    vocab = sorted({t for p, c in rendered for t in p + c})
+    targets = sorted({t for _, c in rendered for t in c})
+    index = {tid: i + 1 for i, tid in enumerate(vocab)}
+    seqs = [np.array([index[t] for t in p + c], dtype=np.int64) for p, c in rendered]
+    return Corpus(seqs, [len(p) for p, _ in rendered], np.array(vocab, np.int32), np.array(targets, np.int32))
+
+
+def _batches(corpus: Corpus, cfg: TrainConfig, rng: np.random.Generator) -> list[list[int]]:
+    """One epoch of batches, similar lengths together (less padding), in a seeded order."""
+    order = rng.permutation(len(corpus.sequences))
+    chunk = cfg.batch_size * 16
+    batches: list[list[int]] = []
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start : start + chunk].tolist(), key=lambda i: len(corpus.sequences[i]))
+        batches += [part[j : j + cfg.batch_size] for j in range(0, len(part), cfg.batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def _tensors(
+    corpus: Corpus, batch: list[int], cfg: TrainConfig, rng: np.random.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(corpus.sequences[i]) for i in batch)
+    ids = np.zeros((len(batch), n), dtype=np.int64)
+    labels = np.full((len(batch), n), -100, dtype=np.int64)
+    for row, i in enumerate(batch):
+        seq, start = corpus.sequences[i], corpus.completion_start[i]
+        inp = seq.copy()
+        drop = rng.random(start) < cfg.unk_rate
+        drop[:2] = False
+        inp[:start][drop] = UNK
+        ids[row, : len(seq)] = inp
+        labels[row, start - 1 : len(seq) - 1] = seq[start:]  # predict each completion token
+    return torch.from_numpy(ids), torch.from_numpy(labels)
+
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + np.cos(np.pi * min(1.0, t)))
+
+
+def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> TrainedModel:
+    started = time.monotonic()
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    log(f"rendering {cfg.samples} synthetic conversations (seed {cfg.seed})")
+    corpus = build_corpus(cfg.seed, cfg.samples)
+    vocab_size = len(corpus.vocab_ids) + 1
+    decoder = cfg.decoder(vocab_size)
+    max_len = max(len(s) for s in corpus.sequences)
+    log(f"compact vocabulary {vocab_size} ids ({len(corpus.target_ids)} writable), longest sequence {max_len}")
+    model = Decoder(decoder, max_len=max_len)
+    # Ids the corpus never writes get no probability mass, in training as in the exported model.
+    index = {int(t): i + 1 for i, t in enumerate(corpus.vocab_ids)}
+    bias = torch.full((vocab_size,), float("-inf"))
+    bias[[index[int(t)] for t in corpus.target_ids]] = 0.0
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    other = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    rng = np.random.default_rng(cfg.seed)
+    batches: list[list[int]] = []
+    smooth: float | None = None
+    losses: list[float] = []
+    tokens = 0
+    bar = tqdm(range(cfg.steps), desc="training", disable=not progress, unit="step")
+    model.train()
+    for step in bar:
+        if not batches:
+            batches = _batches(corpus, cfg, rng)
+        ids, labels = _tensors(corpus, batches.pop(), cfg, rng)
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg)
+        logits = model(ids) + bias
+        loss = F.cross_entropy(logits.view(-1, vocab_size), labels.view(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        value = loss.item()
+        losses.append(value)
+        tokens += int((labels != -100).sum())
+        smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
+        bar.set_postfix(loss=f"{smooth:.4f}", lr=f"{_lr(step, cfg):.1e}")
+    bar.close()
+    weights = {name: t.detach().float().numpy().copy() for name, t in model.state_dict().items()}
+    metrics = {
+        "final_loss": float(np.mean(losses[-50:])),
+        "steps": cfg.steps,
+        "completion_tokens_trained": tokens,
+        "train_seconds": round(time.monotonic() - started, 1),
+        "torch_version": torch.__version__,
+    }
+    log(f"trained {cfg.steps} steps in {metrics['train_seconds']}s, loss {metrics['final_loss']:.4f}")
+    return TrainedModel(cfg, decoder, weights, corpus.vocab_ids, corpus.target_ids, metrics)
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return asdict(cfg)
