@@ -63,7 +63,7 @@ async def check_database(database_url: str) -> Report:
             }
             item_ids = set((await connection.scalars(sa.select(conversation_items.c.response_id).distinct())).all())
             stored_conversations = {
-                row.id: (row.created_at, json.loads(row.metadata), row.updated_at, row.last_position)
+                row.id: (row.created_at, json.loads(row.metadata), row.updated_at, row.last_position, row.project)
                 for row in await connection.execute(
                     sa.select(
                         conversations.c.id,
@@ -71,6 +71,7 @@ async def check_database(database_url: str) -> Report:
                         conversations.c.metadata,
                         conversations.c.updated_at,
                         conversations.c.last_position,
+                        conversations.c.project,
                     )
                 )
             }
@@ -115,7 +116,7 @@ async def check_database(database_url: str) -> Report:
 def _check_conversation(
     cid: str,
     stored_events: list[event_log.StoredEvent],
-    stored_row: tuple[float, dict[str, Any], float, int] | None,
+    stored_row: tuple[float, dict[str, Any], float, int, str] | None,
     stored_entries: list[tuple[Any, ...]],
 ) -> list[Problem]:
     """A conversation's stream: 0..N without gaps, and projection rows equal to a fresh fold."""
@@ -129,10 +130,11 @@ def _check_conversation(
         return [*problems, Problem(cid, f"the log does not fold into a conversation ({type(exc).__name__}: {exc})")]
     if stored_row is None:
         return [*problems, Problem(cid, "no row in conversations")]
-    created_at, metadata, updated_at, last_position = stored_row
+    created_at, metadata, updated_at, last_position, project = stored_row
     conversation = state.conversation
-    expected = (conversation["created_at"], conversation["metadata"], state.updated_at, stored_events[-1].position)
-    if (int(created_at), metadata, updated_at, last_position) != expected:
+    fold_position = stored_events[-1].position
+    expected = (conversation["created_at"], conversation["metadata"], state.updated_at, fold_position, state.project)
+    if (int(created_at), metadata, updated_at, last_position, project) != expected:
         problems.append(Problem(cid, "the conversations row differs from a fresh fold of the log"))
     fresh = [
         (entry["ordinal"], entry["item"]["id"], entry["response_id"], entry["source"], encode(entry["item"]))
