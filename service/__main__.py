@@ -106,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         from service.store.rebuild import rebuild_projections
 
         count = asyncio.run(rebuild_projections(settings.database_url))
-        print(f"rebuilt {count} responses")
+        print(f"rebuilt {count} streams (responses and conversations)")
         return 0
     if args.command == "doctor":
         from service.store.doctor import check_database
@@ -116,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(f"{problem.response_id}: {problem.what}")
         verdict = "ok" if not report.problems else f"{len(report.problems)} problem(s)"
-        print(f"{verdict}: {report.responses} responses, {report.events} events checked")
+        counts = f"{report.responses} responses, {report.conversations} conversations, {report.events} events"
+        print(f"{verdict}: {counts} checked")
         return 1 if report.problems else 0
     if args.command == "inspect":
         from service.store.rebuild import inspect_response

@@ -21,6 +21,7 @@ from service.commands import Commands
 from service.config import Settings
 from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable
 from service.http.auth import Authenticator, AuthMiddleware
+from service.http.conversation_routes import routes as conversation_routes
 from service.http.routes import routes
 from service.limits import RateLimitMiddleware, RequestRateLimiter, SubscriberLimit
 from service.model_runtime import ModelRuntime
@@ -28,6 +29,7 @@ from service.models import load_runtime
 from service.notify import Notifier
 from service.observability import RequestContextMiddleware
 from service.runs import RunSupervisor
+from service.store import retention
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
 from service.tools import report_sandbox
@@ -60,15 +62,26 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.rate_limiter = RequestRateLimiter(settings.rate_limit_requests_per_minute)
         state.subscribers = SubscriberLimit(settings.max_sse_subscribers_per_response)
         await supervisor.start()
+        sweeper = asyncio.create_task(
+            retention.run_sweeper(
+                db,
+                retention_days=settings.retention_days,
+                interval_seconds=settings.retention_sweep_seconds,
+                batch_size=settings.retention_batch_size,
+                compaction_grace=settings.log_compaction_grace_seconds,
+            ),
+            name="retention-sweeper",
+        )
         try:
             yield
         finally:
+            sweeper.cancel()
             await supervisor.stop()
             await notifier.close()
             await db.dispose()
 
     return Starlette(
-        routes=routes,
+        routes=conversation_routes + routes,
         lifespan=lifespan,
         middleware=[
             Middleware(RequestContextMiddleware, routes=routes),

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import observability as metrics
 from service.config import Settings
 from service.constraints.plan import constraint_spec
+from service.conversations.service import Conversations
 from service.errors import InvalidRequest, NotFound
 from service.limits import check_runs
 from service.model_runtime import ModelRuntime
@@ -69,17 +70,7 @@ class Commands:
         await self._check_run_limits(project)
         response_id = new_response_id()
         input_items = normalize_input(request, response_id)
-        history: list[dict[str, Any]] = []
-        if request.previous_response_id is not None:
-            history = await self._history(request.previous_response_id, project=project)
-
-        _check_call_ids(history, input_items)
-
-        tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
-        effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
-        prompt_request, prompt_ids = await self._render_to_fit(
-            history + input_items, request, tools=tools, effort=effort
-        )
+        prompt_request, prompt_ids, tools, effort = await self._prompt(request, input_items, project=project)
         constraints = await self._constraints(request, prompt_request)
         room = self.runtime.engine.max_context - len(prompt_ids)
         # Like OpenAI: without max_output_tokens a run may use what remains of the context window.
@@ -93,6 +84,9 @@ class Commands:
             created_at=int(time.time()),
             max_output_tokens=None,
         )
+        conversation_id = _conversation_id(request)
+        if conversation_id is not None:
+            response["conversation"] = {"id": conversation_id}
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         fact = {
             "request": request.model_dump(mode="json", exclude_none=True),
@@ -104,6 +98,7 @@ class Commands:
             "reasoning_effort": effort,
             "prompt_token_ids": prompt_ids,
             "input_item_count": len(input_items),
+            **({"conversation_id": conversation_id} if conversation_id is not None else {}),
             # truncation='auto' may have dropped some of them from the prompt: keep them for the projections.
             **({"input_items": input_items} if prompt_request.items[-len(input_items) :] != input_items else {}),
             "store": request.store,
@@ -147,6 +142,35 @@ class Commands:
             queue_limit=self.settings.max_queued_runs,
         )
 
+    async def _prompt(
+        self, request: CreateResponseRequest, input_items: list[dict[str, Any]], *, project: str
+    ) -> tuple[PromptRequest, list[int], list[Any], Literal["low", "medium", "high"]]:
+        """The rendered prompt (history from previous_response_id or the conversation, then the input)."""
+        history: list[dict[str, Any]] = []
+        if request.previous_response_id is not None:
+            history = await self._history(request.previous_response_id, project=project)
+        conversation_id = _conversation_id(request)
+        if conversation_id is not None:
+            history = await Conversations(self.db).history(conversation_id, project=project)
+        _check_call_ids(history, input_items)
+        tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
+        effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
+        prompt_request, prompt_ids = await self._render_to_fit(
+            history + input_items, request, tools=tools, effort=effort
+        )
+        return prompt_request, prompt_ids, tools, effort
+
+    async def count_input_tokens(self, request: CreateResponseRequest, *, project: str) -> int:
+        """`usage.input_tokens` the same create request would report (same history, rendering, truncation)."""
+        if request.model not in (None, self.runtime.model_id):
+            raise NotFound(
+                f"The model '{request.model}' does not exist. This server serves '{self.runtime.model_id}'.",
+                param="model",
+            )
+        response_id = new_response_id()
+        _, prompt_ids, _, _ = await self._prompt(request, normalize_input(request, response_id), project=project)
+        return len(prompt_ids)
+
     async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
         """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
         choice = request.tool_choice
@@ -185,17 +209,25 @@ class Commands:
                 raise InvalidRequest(
                     f"This model's prompt format cannot render the input: {exc}", param="input"
                 ) from None
-            if len(prompt_ids) < context:
+            # With truncation='auto' the prompt must leave room for the requested output (at least one token).
+            wanted = request.max_output_tokens or 1
+            fits = len(prompt_ids) + wanted <= context if request.truncation == "auto" else len(prompt_ids) < context
+            if fits:
                 return prompt_request, prompt_ids
             shorter = _drop_oldest(items)
-            if request.truncation != "auto" or not shorter:
-                raise InvalidRequest(
-                    f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}."
-                    + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
-                    param="input",
-                    code="context_length_exceeded",
-                )
-            items = shorter
+            if request.truncation == "auto" and shorter:
+                items = shorter
+                continue
+            if len(prompt_ids) < context:
+                return prompt_request, prompt_ids  # nothing left to drop: the output gets what room remains
+            asked = request.max_output_tokens
+            requested = f" and {asked} output tokens were requested" if asked else ""
+            raise InvalidRequest(
+                f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}{requested}."
+                + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
+                param="input",
+                code="context_length_exceeded",
+            )
 
     async def _history(self, previous_response_id: str, *, project: str) -> list[dict[str, Any]]:
         if not is_response_id(previous_response_id):
@@ -282,6 +314,11 @@ class Commands:
     async def forget_unstored(self, response_id: str, *, project: str) -> None:
         """store=false: the client has read the end, so the response is deleted."""
         await recorder.delete_response(self.db, response_id, project=project)
+
+
+def _conversation_id(request: CreateResponseRequest) -> str | None:
+    conversation = request.conversation
+    return conversation if isinstance(conversation, str) or conversation is None else conversation.id
 
 
 def _drop_oldest(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

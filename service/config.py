@@ -36,6 +36,13 @@ class Settings(BaseModel):
     reasoning_tokens_high: int = Field(default=8192, ge=0)
     # Largest JSON schema / Lark grammar / regex (bytes) accepted in text.format or a tool.
     max_grammar_bytes: int = Field(default=64 * 1024, ge=1)
+    # Responses and conversations are deleted this many days after they were created (a conversation:
+    # after its last change), like OpenAI's 30; 0 keeps everything. Fractions are allowed (tests).
+    retention_days: float = Field(default=30.0, ge=0)
+    retention_sweep_seconds: float = Field(default=300.0, gt=0)
+    retention_batch_size: int = Field(default=100, ge=1)
+    # A finished run's per-step `tokens` facts are folded into one this long after it was created.
+    log_compaction_grace_seconds: float = Field(default=60.0, ge=0)
     api_key: str | None = None
     # Server-side tools. Comma-separated hosts MCP server_urls may name (`*.example.com` for subdomains);
     # empty = any host except link-local/metadata/reserved addresses.

@@ -94,6 +94,74 @@ def test_another_projects_key_gets_the_unknown_id_404_on_every_path(
     assert set(owners.values()) == {"project-a"}
 
 
+def _conversation_calls(conversation_id: str, item_id: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """Every path that names a conversation: (method, path, httpx keyword arguments)."""
+    path = f"/v1/conversations/{conversation_id}"
+    user = {"type": "message", "role": "user", "content": "more"}
+    return {
+        "retrieve": ("GET", path, {}),
+        "update": ("POST", path, {"json": {"metadata": {"k": "v"}}}),
+        "list_items": ("GET", path + "/items", {}),
+        "add_items": ("POST", path + "/items", {"json": {"items": [user]}}),
+        "get_item": ("GET", f"{path}/items/{item_id}", {}),
+        "conversation": (
+            "POST",
+            "/v1/responses",
+            {"json": {"input": "next", "conversation": conversation_id, "max_output_tokens": 2}},
+        ),
+        "input_tokens": (
+            "POST",
+            "/v1/responses/input_tokens",
+            {"json": {"input": "x", "conversation": conversation_id}},
+        ),
+        "delete_item": ("DELETE", f"{path}/items/{item_id}", {}),
+        "delete": ("DELETE", path, {}),  # last: the owner's delete really deletes
+    }
+
+
+def test_another_projects_key_gets_the_unknown_id_404_on_every_conversation_path(
+    database_url: str, server_factory: ServerFactory
+) -> None:
+    assert run_cli("migrate", SERVICE_DATABASE_URL=database_url).returncode == 0
+    key_a, key_b = _key(database_url, "a", "project-a"), _key(database_url, "b", "project-b")
+    server = server_factory(database_url).start()
+
+    items = {"items": [{"type": "message", "role": "user", "content": "hello"}]}
+    status, conversation = _call(server.url, key_a, "POST", "/v1/conversations", {"json": items})
+    assert status == 200 and isinstance(conversation, dict)
+    conversation_id = conversation["id"]
+    status, listed = _call(server.url, key_a, "GET", f"/v1/conversations/{conversation_id}/items", {})
+    assert status == 200 and isinstance(listed, dict)
+    item_id = listed["data"][0]["id"]
+    unknown_id = conversation_id[:-1] + ("0" if conversation_id[-1] != "0" else "1")
+
+    for name, (method, path, options) in _conversation_calls(conversation_id, item_id).items():
+        theirs = _call(server.url, key_b, method, path, options)
+        _, unknown_path, unknown_options = _conversation_calls(unknown_id, item_id)[name]
+        unknown = _call(server.url, key_b, method, unknown_path, unknown_options)
+        assert theirs[0] == 404, (name, theirs)
+        assert theirs == (unknown[0], _swap(unknown[1], unknown_id, conversation_id)), name
+        if name == "delete":  # before the owner deletes it: the owner is a column, and the view shows it
+            query = "SELECT project FROM conversations WHERE id = :id"
+            assert sql_rows(database_url, query, id=conversation_id) == [("project-a",)]
+            query = "SELECT DISTINCT project FROM conversation_messages WHERE conversation_id = :id"
+            assert sql_rows(database_url, query, id=conversation_id) == [("project-a",)]
+        mine = _call(server.url, key_a, method, path, options)
+        assert mine[0] == 200, (name, mine)
+    assert _call(server.url, key_a, "GET", f"/v1/conversations/{conversation_id}", {})[0] == 404
+
+    # B's own conversation stays B's, and the owner is in the log: rebuilding the projections keeps it.
+    status, theirs_created = _call(server.url, key_b, "POST", "/v1/conversations", {"json": items})
+    assert status == 200 and isinstance(theirs_created, dict)
+    assert _call(server.url, key_a, "GET", f"/v1/conversations/{theirs_created['id']}", {})[0] == 404
+    status, mine_created = _call(server.url, key_a, "POST", "/v1/conversations", {"json": items})
+    assert status == 200 and isinstance(mine_created, dict)
+    server.stop()
+    assert run_cli("rebuild-projections", SERVICE_DATABASE_URL=database_url).returncode == 0
+    owners = dict(sql_rows(database_url, "SELECT id, project FROM conversations"))
+    assert owners == {theirs_created["id"]: "project-b", mine_created["id"]: "project-a"}
+
+
 def _wait_until_terminal(url: str, key: str, response_id: str) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -85,7 +85,7 @@ def upgrade() -> None:
         sa.Column("text", sa.Text, nullable=True),
         sa.Column("data", sa.Text, nullable=False),
     )
-    # Views are part of the SQL interface; their text lives with the schema (0002 redefines
+    # Views are part of the SQL interface; their text lives with the schema (later revisions redefine
     # conversation_messages: the version created here is kept with this revision).
     from service.store.schema import RESPONSE_CHAIN_VIEW
 

@@ -44,9 +44,9 @@ def upgrade() -> None:
     op.add_column("responses", sa.Column("project", sa.String(128), nullable=False, server_default=DEFAULT_PROJECT))
     op.add_column("runs", sa.Column("project", sa.String(128), nullable=False, server_default=DEFAULT_PROJECT))
     op.create_index("ix_runs_project_done", "runs", ["project", "done"])
-    from service.store.schema import CONVERSATION_MESSAGES_VIEW
+    from service.store.schema import CONVERSATION_MESSAGES_VIEW_0002
 
-    op.execute(CONVERSATION_MESSAGES_VIEW)
+    op.execute(CONVERSATION_MESSAGES_VIEW_0002)
 
 
 def downgrade() -> None:

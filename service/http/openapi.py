@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.conversations.protocol import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
 from service.http import openapi_models as m
 from service.protocol import CreateResponseRequest
 
@@ -27,6 +28,13 @@ _MODELS: list[type[BaseModel]] = [
     m.Health,
     m.Ready,
     m.StreamEvent,
+    CreateConversationRequest,
+    UpdateConversationRequest,
+    AddItemsRequest,
+    m.Conversation,
+    m.DeletedConversation,
+    m.ConversationItemList,
+    m.InputTokens,
 ]
 
 
@@ -125,6 +133,15 @@ def _paths() -> dict[str, Any]:
                 ],
             )
         },
+        "/v1/responses/input_tokens": {
+            "post": _operation(
+                "getInputTokenCounts",
+                "Count the input tokens a create request would use",
+                _json(m.InputTokens, "The count"),
+                requestBody=body,
+            )
+        },
+        **_conversation_paths(),
         "/v1/models": {"get": _operation("listModels", "List models", _json(m.ModelList, "The served model"))},
         "/v1/models/{model_id}": {
             "get": _operation(
@@ -152,6 +169,83 @@ def _paths() -> dict[str, Any]:
             }
         },
     }
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _conversation_paths() -> dict[str, Any]:
+    conversation = _json(m.Conversation, "The conversation")
+    page = _json(m.ConversationItemList, "Items")
+    conversation_id, item_id = _path_param("conversation_id"), _path_param("item_id")
+    include = _query("include", {"type": "array", "items": {"type": "string"}}, "Accepted; items are always whole.")
+    return {
+        "/v1/conversations": {
+            "post": _operation(
+                "createConversation",
+                "Create a conversation",
+                conversation,
+                requestBody=_body(CreateConversationRequest),
+            )
+        },
+        "/v1/conversations/{conversation_id}": {
+            "get": _operation("getConversation", "Retrieve a conversation", conversation, parameters=[conversation_id]),
+            "post": _operation(
+                "updateConversation",
+                "Update a conversation's metadata",
+                conversation,
+                parameters=[conversation_id],
+                requestBody=_body(UpdateConversationRequest),
+            ),
+            "delete": _operation(
+                "deleteConversation",
+                "Delete a conversation and its items",
+                _json(m.DeletedConversation, "Deleted"),
+                parameters=[conversation_id],
+            ),
+        },
+        "/v1/conversations/{conversation_id}/items": {
+            "get": _operation(
+                "listConversationItems",
+                "List a conversation's items",
+                page,
+                parameters=[
+                    conversation_id,
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size."),
+                    _query("order", {"type": "string", "enum": ["asc", "desc"]}, "Item order."),
+                    _query("after", {"type": "string"}, "An item id to list after."),
+                    include,
+                ],
+            ),
+            "post": _operation(
+                "createConversationItems",
+                "Add items to a conversation",
+                page,
+                parameters=[conversation_id, include],
+                requestBody=_body(AddItemsRequest),
+            ),
+        },
+        "/v1/conversations/{conversation_id}/items/{item_id}": {
+            "get": _operation(
+                "getConversationItem",
+                "Retrieve an item",
+                {"description": "The item", "content": _item_content()},
+                parameters=[conversation_id, item_id, include],
+            ),
+            "delete": _operation(
+                "deleteConversationItem",
+                "Delete an item; returns the conversation",
+                conversation,
+                parameters=[conversation_id, item_id],
+            ),
+        },
+    }
+
+
+def _item_content() -> dict[str, Any]:
+    item = {"$ref": _REF.format(model="ConversationItemList") + "/properties/data/items"}
+    return {"application/json": {"schema": item}}
 
 
 @functools.cache

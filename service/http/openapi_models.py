@@ -153,7 +153,7 @@ class ResponseObject(BaseModel):
     completed_at: int | None
     status: Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"]
     background: bool
-    conversation: None
+    conversation: ConversationRef | None
     error: ResponseError | None
     incomplete_details: IncompleteDetails | None
     instructions: str | None
@@ -196,6 +196,38 @@ class InputItemList(BaseModel):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+
+class ConversationRef(BaseModel):
+    id: str
+
+
+class Conversation(BaseModel):
+    id: str
+    object: Literal["conversation"]
+    created_at: int
+    metadata: dict[str, str]
+
+
+class DeletedConversation(BaseModel):
+    id: str
+    object: Literal["conversation.deleted"]
+    deleted: Literal[True]
+
+
+class ConversationItemList(BaseModel):
+    """A page of a conversation's items (inputs and outputs alike)."""
+
+    object: Literal["list"]
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class InputTokens(BaseModel):
+    object: Literal["response.input_tokens"]
+    input_tokens: int
 
 
 class Model(BaseModel):

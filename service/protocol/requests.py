@@ -43,6 +43,10 @@ _NO_OP_INCLUDES = Literal[
     "code_interpreter_call.outputs",
 ]
 
+class ConversationRef(Strict):
+    id: str
+
+
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
@@ -75,9 +79,10 @@ class CreateResponseRequest(Strict):
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[Literal["message.output_text.logprobs"] | _NO_OP_INCLUDES] | None = None
+    # A Conversation (its id, or {"id": …}) whose items are the history and which the response's items join.
+    conversation: str | ConversationRef | None = None
     # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
     prompt: None = None
-    conversation: None = None
     context_management: None = None
     background_options: None = None
     prompt_cache_options: None = None
@@ -102,7 +107,6 @@ class CreateResponseRequest(Strict):
 # Why each OpenAI parameter without a meaning here is refused when it is set (null is accepted).
 _UNSUPPORTED = {
     "prompt": "Prompt templates are stored on OpenAI's platform; this server has none. Send the input itself.",
-    "conversation": "Conversations are not supported yet; chain responses with previous_response_id.",
     "context_management": "Server-side context compaction is not supported; use truncation='auto'.",
     "background_options": "Background options are not supported; background=true alone is.",
     "prompt_cache_options": "Prompt cache options are not supported (there is no prompt cache to configure).",
@@ -159,6 +163,13 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
         request = CreateResponseRequest.model_validate(body)
     except ValidationError as exc:
         raise _invalid_from_validation(exc) from None
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise InvalidRequest(
+            "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' or "
+            "'conversation'.",
+            param="conversation",
+            code="mutually_exclusive_parameters",
+        )
     if request.background and not request.store:
         raise InvalidRequest("background=true requires store=true.", param="background")
     _check_tools(request)
@@ -234,9 +245,15 @@ def normalize_input(request: CreateResponseRequest, response_id: str) -> list[Co
     items: list[Any] = (
         [MessageItem(role="user", content=request.input)] if isinstance(request.input, str) else request.input
     )
+    return normalize_items(items, response_id, key="input", first_index=0)
+
+
+def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: int) -> list[ConversationItem]:
+    """Validated input items as canonical item dicts; an item without an id gets one derived from
+    (owner, key, index), so a replay names it identically."""
     out: list[ConversationItem] = []
-    for index, item in enumerate(items):
-        item_id = item.id or derived_id(ID_PREFIX[item.type], response_id, f"input:{index}")
+    for index, item in enumerate(items, start=first_index):
+        item_id = item.id or derived_id(ID_PREFIX[item.type], owner_id, f"{key}:{index}")
         if isinstance(item, MessageItem):
             part_type = "output_text" if item.role == "assistant" else "input_text"
             parts = [item.content] if isinstance(item.content, str) else [part.text for part in item.content]

@@ -2,9 +2,10 @@
 
 Per response: sequence numbers 0..N with no gap, at most one terminal event and it is the last,
 the run marked done exactly when a terminal event is logged, and the stored projection equal to
-a fresh fold of the log. Across tables: no facts, runs, projections or items whose response has
-no events (orphans). Reads everything in one snapshot; meant for operators and tests, not for
-a hot path.
+a fresh fold of the log. Per conversation stream (`conv_…`): sequence numbers 0..N and its
+`conversations`/`conversation_entries` rows equal to a fresh fold. Across tables: no facts, runs,
+projections or items whose response (or conversation) has no events (orphans). Reads everything
+in one snapshot; meant for operators and tests, not for a hot path.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from service.conversations.fold import fold
+from service.conversations.store import is_conversation_stream
 from service.projection import project
 from service.protocol import TERMINAL_EVENT_TYPES, TERMINAL_STATUSES
 from service.store import event_log
 from service.store.db import create_engine
-from service.store.schema import conversation_items, responses, run_facts, runs
+from service.store.event_log import encode
+from service.store.schema import conversation_entries, conversation_items, conversations, responses, run_facts, runs
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class Report:
     responses: int
     events: int
     problems: list[Problem]
+    conversations: int = 0
 
 
 async def check_database(database_url: str) -> Report:
@@ -57,13 +62,45 @@ async def check_database(database_url: str) -> Report:
                 )
             }
             item_ids = set((await connection.scalars(sa.select(conversation_items.c.response_id).distinct())).all())
+            stored_conversations = {
+                row.id: (row.created_at, json.loads(row.metadata), row.updated_at, row.last_position, row.project)
+                for row in await connection.execute(
+                    sa.select(
+                        conversations.c.id,
+                        conversations.c.created_at,
+                        conversations.c.metadata,
+                        conversations.c.updated_at,
+                        conversations.c.last_position,
+                        conversations.c.project,
+                    )
+                )
+            }
+            stored_entries: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+            for row in await connection.execute(
+                sa.select(conversation_entries).order_by(
+                    conversation_entries.c.conversation_id, conversation_entries.c.ordinal
+                )
+            ):
+                stored_entries[row.conversation_id].append(tuple(row))
     finally:
         await db.dispose()
 
     problems: list[Problem] = []
+    conversation_streams = {rid for rid in grouped if is_conversation_stream(rid)}
     for rid, stored_events in grouped.items():
         stored_events.sort(key=lambda e: e.sequence_number)
-        problems += _check_response(rid, stored_events, done.get(rid), stored_rows.get(rid))
+        if rid in conversation_streams:
+            problems += _check_conversation(rid, stored_events, stored_conversations.get(rid), stored_entries[rid])
+        else:
+            problems += _check_response(rid, stored_events, done.get(rid), stored_rows.get(rid))
+    for table, ids in (
+        ("conversations", set(stored_conversations)),
+        ("conversation_entries", {cid for cid, rows in stored_entries.items() if rows}),
+    ):
+        problems += [
+            Problem(cid, f"orphan rows in {table}: the conversation has no events")
+            for cid in ids - conversation_streams
+        ]
     for table, ids in (
         ("run_facts", fact_ids),
         ("runs", set(done)),
@@ -73,7 +110,40 @@ async def check_database(database_url: str) -> Report:
         problems += [
             Problem(rid, f"orphan rows in {table}: the response has no events") for rid in ids - grouped.keys()
         ]
-    return Report(len(grouped), total, problems)
+    return Report(len(grouped) - len(conversation_streams), total, problems, len(conversation_streams))
+
+
+def _check_conversation(
+    cid: str,
+    stored_events: list[event_log.StoredEvent],
+    stored_row: tuple[float, dict[str, Any], float, int, str] | None,
+    stored_entries: list[tuple[Any, ...]],
+) -> list[Problem]:
+    """A conversation's stream: 0..N without gaps, and projection rows equal to a fresh fold."""
+    problems: list[Problem] = []
+    numbers = [e.sequence_number for e in stored_events]
+    if numbers != list(range(len(numbers))):
+        problems.append(Problem(cid, f"sequence numbers are not 0..{len(numbers) - 1} without gaps"))
+    try:
+        state = fold(e.payload() for e in stored_events)
+    except Exception as exc:  # noqa: BLE001 - a broken log is what the doctor reports
+        return [*problems, Problem(cid, f"the log does not fold into a conversation ({type(exc).__name__}: {exc})")]
+    if stored_row is None:
+        return [*problems, Problem(cid, "no row in conversations")]
+    created_at, metadata, updated_at, last_position, project = stored_row
+    conversation = state.conversation
+    fold_position = stored_events[-1].position
+    expected = (conversation["created_at"], conversation["metadata"], state.updated_at, fold_position, state.project)
+    if (int(created_at), metadata, updated_at, last_position, project) != expected:
+        problems.append(Problem(cid, "the conversations row differs from a fresh fold of the log"))
+    fresh = [
+        (entry["ordinal"], entry["item"]["id"], entry["response_id"], entry["source"], encode(entry["item"]))
+        for entry in (state.entries[o] for o in sorted(state.entries))
+    ]
+    stored = [(row[1], row[2], row[3], row[4], row[8]) for row in stored_entries]
+    if stored != fresh:
+        problems.append(Problem(cid, "the conversation's items differ from a fresh fold of the log"))
+    return problems
 
 
 def _check_response(

@@ -5,14 +5,19 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import sqlalchemy as sa
+
+from service.conversations import store as conversation_store
+from service.conversations.fold import fold
 from service.projection import project
 from service.store import event_log, read_models
 from service.store.db import create_engine, migrate
-from service.store.schema import DEFAULT_PROJECT
+from service.store.schema import DEFAULT_PROJECT, conversation_entries, conversations
 
 
 async def rebuild_projections(database_url: str) -> int:
-    """Drop and refold `responses` and `conversation_items` from `events` and `run_facts`, in one transaction."""
+    """Drop and refold `responses`, `conversation_items` and the conversations' tables from `events` and
+    `run_facts`, in one transaction. Returns how many streams (responses and conversations) it folded."""
     await migrate(database_url)
     db = create_engine(database_url)
     try:
@@ -25,8 +30,15 @@ async def rebuild_projections(database_url: str) -> int:
                     grouped[stored.response_id].append(stored)
                 after = batch[-1].position
             await read_models.clear_all(connection)
+            await connection.execute(sa.delete(conversation_entries))
+            await connection.execute(sa.delete(conversations))
             for response_id, stored_events in grouped.items():
                 stored_events.sort(key=lambda e: e.sequence_number)
+                if conversation_store.is_conversation_stream(response_id):
+                    state = fold(e.payload() for e in stored_events)
+                    position = max(e.position for e in stored_events)
+                    await conversation_store.store_state(connection, state, position=position)
+                    continue
                 payloads = [e.payload() for e in stored_events]
                 facts = await event_log.read_facts(connection, response_id)
                 request = next(f.data for f in facts if f.kind == "request")

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.conversations import store as conversation_store
 from service.store import event_log, leases, read_models
 from service.store.schema import DEFAULT_PROJECT
 
@@ -112,6 +113,7 @@ async def _apply_write(connection: Any, write: RunWrite) -> None:
         await read_models.update_response(connection, write.projection, position=position)
     if write.terminal:
         await leases.mark_done(connection, rid)
+        await conversation_store.append_response_items(connection, rid)
 
 
 async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
@@ -169,6 +171,11 @@ async def delete_finished_unstored(engine: AsyncEngine) -> None:
         await event_log.lock_for_append(connection)
         for response_id in await read_models.finished_unstored(connection):
             await _delete(connection, response_id)
+
+
+async def delete_in(connection: Any, response_id: str) -> None:
+    """Delete a response whole inside the caller's transaction (which holds the append lock)."""
+    await _delete(connection, response_id)
 
 
 async def _delete(connection: Any, response_id: str) -> None:

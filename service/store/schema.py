@@ -104,6 +104,34 @@ conversation_items = sa.Table(
     sa.Column("data", sa.Text, nullable=False),
 )
 
+# Conversations (`/v1/conversations`) are streams in the same `events` log, keyed by their `conv_…` id in
+# `events.response_id`; these two tables are their projections (see service/conversations/).
+conversations = sa.Table(
+    "conversations",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),  # JSON object
+    sa.Column("project", sa.String(128), nullable=False, server_default=DEFAULT_PROJECT),  # the owner
+    sa.Column("updated_at", sa.Float, nullable=False),  # unix seconds of its last event (retention counts from it)
+    sa.Column("last_position", sa.BigInteger, nullable=False),  # events.position folded so far
+)
+
+conversation_entries = sa.Table(
+    "conversation_entries",
+    metadata,
+    sa.Column("conversation_id", sa.String(64), primary_key=True),
+    sa.Column("ordinal", sa.Integer, primary_key=True),  # append order; gaps where items were deleted
+    sa.Column("item_id", sa.String(64), nullable=False),
+    sa.Column("response_id", sa.String(64), nullable=True),  # the response that appended it (NULL: the client)
+    sa.Column("source", sa.String(8), nullable=False),  # 'client' | 'input' | 'output'
+    sa.Column("type", sa.String(32), nullable=False),
+    sa.Column("role", sa.String(16), nullable=True),
+    sa.Column("text", sa.Text, nullable=True),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Index("ix_conversation_entries_item", "conversation_id", "item_id"),
+)
+
 # A chain of responses linked by previous_response_id, one row per (response, ancestor-or-self).
 RESPONSE_CHAIN_VIEW = """
 CREATE VIEW response_chain AS
@@ -117,8 +145,29 @@ WITH RECURSIVE chain(response_id, ancestor_id, depth) AS (
 SELECT response_id, ancestor_id, depth FROM chain
 """
 
-# The whole conversation behind a response as plain rows, oldest first:
+# Revision 0001's view: chains only (kept so that migration stays what it was).
+CONVERSATION_MESSAGES_VIEW_0001 = """
+CREATE VIEW conversation_messages AS
+SELECT c.response_id AS conversation_id,
+       (SELECT MAX(c2.depth) FROM response_chain c2 WHERE c2.response_id = c.response_id) - c.depth AS turn,
+       i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id
+FROM response_chain c JOIN conversation_items i ON i.response_id = c.ancestor_id
+"""
+
+# Revision 0002's view: chains, with the owner's project.
+CONVERSATION_MESSAGES_VIEW_0002 = """
+CREATE VIEW conversation_messages AS
+SELECT c.response_id AS conversation_id,
+       (SELECT MAX(c2.depth) FROM response_chain c2 WHERE c2.response_id = c.response_id) - c.depth AS turn,
+       i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id, r.project
+FROM response_chain c JOIN conversation_items i ON i.response_id = c.ancestor_id
+JOIN responses r ON r.id = i.response_id
+"""
+
+# The whole conversation behind a response chain ('resp_…') or a Conversation ('conv_…') as plain rows,
+# with the owner's project:
 #   SELECT role, text FROM conversation_messages WHERE conversation_id = 'resp_…' ORDER BY turn, ordinal;
+# For a Conversation, turn is 0 and ordinal is the item's place in it.
 CONVERSATION_MESSAGES_VIEW = """
 CREATE VIEW conversation_messages AS
 SELECT c.response_id AS conversation_id,
@@ -126,4 +175,8 @@ SELECT c.response_id AS conversation_id,
        i.response_id, i.ordinal, i.source, i.type, i.role, i.text, i.item_id, r.project
 FROM response_chain c JOIN conversation_items i ON i.response_id = c.ancestor_id
 JOIN responses r ON r.id = i.response_id
+UNION ALL
+SELECT e.conversation_id, 0 AS turn, e.response_id, e.ordinal, e.source, e.type, e.role, e.text, e.item_id,
+       v.project
+FROM conversation_entries e JOIN conversations v ON v.id = e.conversation_id
 """

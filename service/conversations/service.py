@@ -1,0 +1,133 @@
+"""The conversation operations behind HTTP: validate, run one transaction, shape the answer."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.conversations import store
+from service.conversations.protocol import (
+    AddItemsRequest,
+    CreateConversationRequest,
+    UpdateConversationRequest,
+    is_conversation_id,
+    new_conversation_id,
+)
+from service.errors import InvalidRequest, NotFound
+from service.protocol.requests import normalize_items
+from service.store import event_log
+
+
+def _not_found(conversation_id: str) -> NotFound:
+    return NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation_id")
+
+
+class Conversations:
+    def __init__(self, db: AsyncEngine) -> None:
+        self.db = db
+
+    async def create(self, request: CreateConversationRequest, *, project: str) -> dict[str, Any]:
+        conversation_id = new_conversation_id()
+        items = normalize_items(list(request.items or []), conversation_id, key="item", first_index=0)
+        async with self.db.begin() as connection:
+            await event_log.lock_for_append(connection)
+            return await store.create(connection, conversation_id, request.metadata or {}, items, project=project)
+
+    async def get(self, conversation_id: str, *, project: str) -> dict[str, Any]:
+        if not is_conversation_id(conversation_id):
+            raise _not_found(conversation_id)
+        async with self.db.connect() as connection:
+            conversation = await store.get(connection, conversation_id, project=project)
+        if conversation is None:
+            raise _not_found(conversation_id)
+        return conversation
+
+    async def update(self, conversation_id: str, request: UpdateConversationRequest, *, project: str) -> dict[str, Any]:
+        async with self.db.begin() as connection:
+            await event_log.lock_for_append(connection)
+            await self._require(connection, conversation_id, project=project)
+            await store.update_metadata(connection, conversation_id, request.metadata)
+            conversation = await store.get(connection, conversation_id, project=project)
+        assert conversation is not None
+        return conversation
+
+    async def delete(self, conversation_id: str, *, project: str) -> dict[str, Any]:
+        async with self.db.begin() as connection:
+            await event_log.lock_for_append(connection)
+            await self._require(connection, conversation_id, project=project)
+            await store.delete(connection, conversation_id)
+        return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+
+    async def add_items(self, conversation_id: str, request: AddItemsRequest, *, project: str) -> dict[str, Any]:
+        async with self.db.begin() as connection:
+            await event_log.lock_for_append(connection)
+            await self._require(connection, conversation_id, project=project)
+            first = await store.next_ordinal(connection, conversation_id)
+            items = normalize_items(list(request.items), conversation_id, key="item", first_index=first)
+            entries = await store.add_items(connection, conversation_id, items)
+        data = [entry["item"] for entry in entries]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"],
+            "last_id": data[-1]["id"],
+            "has_more": False,
+        }
+
+    async def list_items(
+        self, conversation_id: str, *, after: str | None, limit: int, order: Literal["asc", "desc"], project: str
+    ) -> dict[str, Any]:
+        async with self.db.connect() as connection:
+            await self._require(connection, conversation_id, project=project)
+            items = [item for _, item in await store.list_entries(connection, conversation_id)]
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise InvalidRequest(f"No item with id '{after}' in this conversation.", param="after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+
+    async def get_item(self, conversation_id: str, item_id: str, *, project: str) -> dict[str, Any]:
+        async with self.db.connect() as connection:
+            await self._require(connection, conversation_id, project=project)
+            found = await store.find_item(connection, conversation_id, item_id)
+        if found is None:
+            raise NotFound(f"Item with id '{item_id}' not found in conversation '{conversation_id}'.", param="item_id")
+        return found[1]
+
+    async def delete_item(self, conversation_id: str, item_id: str, *, project: str) -> dict[str, Any]:
+        async with self.db.begin() as connection:
+            await event_log.lock_for_append(connection)
+            await self._require(connection, conversation_id, project=project)
+            found = await store.find_item(connection, conversation_id, item_id)
+            if found is None:
+                raise NotFound(
+                    f"Item with id '{item_id}' not found in conversation '{conversation_id}'.", param="item_id"
+                )
+            await store.delete_item(connection, conversation_id, found[0])
+            conversation = await store.get(connection, conversation_id, project=project)
+        assert conversation is not None
+        return conversation
+
+    async def history(self, conversation_id: str, *, project: str) -> list[dict[str, Any]]:
+        """The items a response on this conversation sees, oldest first (404 when it does not exist)."""
+        async with self.db.connect() as connection:
+            if not is_conversation_id(conversation_id):
+                raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation")
+            if await store.get(connection, conversation_id, project=project) is None:
+                raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation")
+            return [item for _, item in await store.list_entries(connection, conversation_id)]
+
+    async def _require(self, connection: Any, conversation_id: str, *, project: str) -> None:
+        if not is_conversation_id(conversation_id) or not await store.get(connection, conversation_id, project=project):
+            raise _not_found(conversation_id)

@@ -1,0 +1,107 @@
+"""HTTP routes of `/v1/conversations` and `POST /v1/responses/input_tokens`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service.commands import Commands
+from service.conversations.protocol import (
+    AddItemsRequest,
+    CreateConversationRequest,
+    UpdateConversationRequest,
+    parse,
+)
+from service.conversations.service import Conversations
+from service.errors import InvalidRequest
+from service.http.body import json_body
+from service.http.routes import _project
+from service.protocol import parse_create_request
+
+
+def _conversations(request: Request) -> Conversations:
+    return Conversations(request.app.state.db)
+
+
+async def create_conversation(request: Request) -> Response:
+    body = parse(CreateConversationRequest, await json_body(request))
+    return JSONResponse(await _conversations(request).create(body, project=_project(request)))
+
+
+async def conversation_resource(request: Request) -> Response:
+    conversation_id = request.path_params["conversation_id"]
+    conversations, project = _conversations(request), _project(request)
+    if request.method == "GET":
+        return JSONResponse(await conversations.get(conversation_id, project=project))
+    if request.method == "DELETE":
+        return JSONResponse(await conversations.delete(conversation_id, project=project))
+    body = parse(UpdateConversationRequest, await json_body(request))
+    return JSONResponse(await conversations.update(conversation_id, body, project=project))
+
+
+async def conversation_items(request: Request) -> Response:
+    conversation_id = request.path_params["conversation_id"]
+    conversations, project = _conversations(request), _project(request)
+    _include(request)
+    if request.method == "POST":
+        body = parse(AddItemsRequest, await json_body(request))
+        return JSONResponse(await conversations.add_items(conversation_id, body, project=project))
+    query = request.query_params
+    raw_limit = query.get("limit", "20")
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:
+        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
+    checked: Literal["asc", "desc"] = "asc" if order == "asc" else "desc"
+    after, limit = query.get("after"), int(raw_limit)
+    page = await conversations.list_items(conversation_id, after=after, limit=limit, order=checked, project=project)
+    return JSONResponse(page)
+
+
+async def conversation_item(request: Request) -> Response:
+    conversation_id, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
+    conversations, project = _conversations(request), _project(request)
+    if request.method == "DELETE":
+        return JSONResponse(await conversations.delete_item(conversation_id, item_id, project=project))
+    _include(request)
+    return JSONResponse(await conversations.get_item(conversation_id, item_id, project=project))
+
+
+# What `include` may name; items here carry everything already, so each adds nothing.
+_INCLUDES = {
+    "message.output_text.logprobs",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+}
+
+
+def _include(request: Request) -> None:
+    for value in request.query_params.getlist("include") + request.query_params.getlist("include[]"):
+        if value not in _INCLUDES:
+            raise InvalidRequest(f"Invalid value for 'include': {value!r}.", param="include", code="invalid_value")
+
+
+async def count_input_tokens(request: Request) -> Response:
+    body = await json_body(request)
+    create = parse_create_request(body)
+    commands: Commands = request.app.state.commands
+    count = await commands.count_input_tokens(create, project=_project(request))
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
+
+
+routes = [
+    Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
+    Route("/v1/conversations", create_conversation, methods=["POST"]),
+    Route("/v1/conversations/{conversation_id}", conversation_resource, methods=["GET", "POST", "DELETE"]),
+    Route("/v1/conversations/{conversation_id}/items", conversation_items, methods=["GET", "POST"]),
+    Route("/v1/conversations/{conversation_id}/items/{item_id}", conversation_item, methods=["GET", "DELETE"]),
+]

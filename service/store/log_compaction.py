@@ -1,0 +1,76 @@
+"""Log compaction: once a run has ended, its per-step `tokens` facts are folded into one.
+
+A live run logs one `tokens` fact per engine step (what resume needs, committed with the events
+it produced). A finished run is never resumed again, but replay (`run_state.replay_run`), doctor
+and rebuild still read its tokens: they read the ids of all its `tokens` facts in log order, so one
+fact holding the concatenation (ids, and logprobs when logged) replays identically. Compaction
+waits `grace_seconds` after the response was created and until the run is done, so no writer
+still counting its facts (`recorder.landed`) sees the count change.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store import event_log
+from service.store.schema import responses, run_facts, runs
+
+
+def merge_token_facts(facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One `tokens` fact equal, for replay, to the sequence of `facts` (pure)."""
+    ids = [token for fact in facts for token in fact["ids"]]
+    merged: dict[str, Any] = {"ids": ids}
+    if any("logprobs" in fact for fact in facts):
+        merged["logprobs"] = [entry for fact in facts for entry in fact.get("logprobs", [None] * len(fact["ids"]))]
+    return merged
+
+
+async def compact_finished_runs(
+    db: AsyncEngine, *, batch_size: int = 50, grace_seconds: float = 60.0, now: float | None = None
+) -> int:
+    """Fold the token facts of up to `batch_size` finished runs, one short transaction; returns how many."""
+    cutoff = (time.time() if now is None else now) - grace_seconds
+    async with db.connect() as connection:  # choose on a read snapshot: no write lock while scanning
+        many = (
+            sa.select(run_facts.c.response_id)
+            .where(run_facts.c.kind == "tokens")
+            .group_by(run_facts.c.response_id)
+            .having(sa.func.count() > 1)
+            .subquery()
+        )
+        query = (
+            sa.select(runs.c.response_id)
+            .join(responses, responses.c.id == runs.c.response_id)
+            .join(many, many.c.response_id == runs.c.response_id)
+            .where(runs.c.done.is_(True), responses.c.created_at < cutoff)
+            .limit(batch_size)
+        )
+        ids = list((await connection.scalars(query)).all())
+    async with db.begin() as connection:
+        await event_log.lock_for_append(connection)
+        for response_id in ids:
+            rows = (
+                await connection.execute(
+                    sa.select(run_facts.c.data)
+                    .where(run_facts.c.response_id == response_id, run_facts.c.kind == "tokens")
+                    .order_by(run_facts.c.position)
+                )
+            ).all()
+            if len(rows) < 2:
+                continue  # deleted, or compacted by another replica, since the snapshot
+            merged = merge_token_facts([json.loads(data) for (data,) in rows])
+            await connection.execute(
+                sa.delete(run_facts).where(run_facts.c.response_id == response_id, run_facts.c.kind == "tokens")
+            )
+            await connection.execute(
+                sa.insert(run_facts).values(
+                    response_id=response_id, kind="tokens", data=event_log.encode(merged), created_at=datetime.now(UTC)
+                )
+            )
+    return len(ids)
