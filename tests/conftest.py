@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -199,3 +200,19 @@ def server_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[Serv
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def proxied_postgres() -> Iterator[tuple[str, Any]]:
+    """A fresh PostgreSQL database reached through a FaultProxy (tests/faults.py): (URL, proxy)."""
+    from tests.faults import FaultProxy  # tests.faults imports this module
+
+    if _PG_SKIP_REASON:
+        pytest.skip(_PG_SKIP_REASON)
+    url, name = create_postgres_database()
+    proxy = FaultProxy("127.0.0.1", 5432).start()
+    try:
+        yield url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"), proxy
+    finally:
+        proxy.stop()
+        drop_postgres_database(name)

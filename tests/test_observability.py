@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import _PG_SKIP_REASON, ServerProcess, create_postgres_database, drop_postgres_database
+from tests.conftest import ServerProcess
 from tests.faults import FaultProxy
 
 ServerFactory = Callable[..., ServerProcess]
@@ -78,19 +77,6 @@ def test_json_logs_with_request_ids_and_no_secrets(tmp_path: Path, server_factor
     assert access and access[-1]["response_id"] == response_id and access[-1]["project"] == "default"
     assert access[-1]["route"] == "/v1/responses" and access[-1]["status"] == 200
     assert secret not in text and prompt not in text
-
-
-@pytest.fixture
-def proxied_postgres() -> Iterator[tuple[str, FaultProxy]]:
-    if _PG_SKIP_REASON:
-        pytest.skip(_PG_SKIP_REASON)
-    url, name = create_postgres_database()
-    proxy = FaultProxy("127.0.0.1", 5432).start()
-    try:
-        yield url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"), proxy
-    finally:
-        proxy.stop()
-        drop_postgres_database(name)
 
 
 def test_ready_is_503_while_the_database_is_unreachable(

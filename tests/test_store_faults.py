@@ -13,25 +13,11 @@ import httpx
 import pytest
 
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, text_from_deltas, wait_until_terminal
-from tests.conftest import _PG_SKIP_REASON, ServerProcess, create_postgres_database, drop_postgres_database
+from tests.conftest import ServerProcess
 from tests.faults import FaultProxy, SQLiteLocker, doctor
 
 ServerFactory = Callable[..., ServerProcess]
 REQUEST = {"input": "Say something long", "max_output_tokens": 160, "temperature": 1.0, "seed": 11}
-
-
-@pytest.fixture
-def proxied_postgres() -> Iterator[tuple[str, FaultProxy]]:
-    """A fresh PostgreSQL database reached through a FaultProxy."""
-    if _PG_SKIP_REASON:
-        pytest.skip(_PG_SKIP_REASON)
-    url, name = create_postgres_database()
-    proxy = FaultProxy("127.0.0.1", 5432).start()
-    try:
-        yield url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}"), proxy
-    finally:
-        proxy.stop()
-        drop_postgres_database(name)
 
 
 def _stream(url: str, body: dict[str, Any], out: list[dict[str, Any]], started: threading.Event) -> None:
