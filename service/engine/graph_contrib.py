@@ -35,6 +35,23 @@ def quantize_blockwise_int8(w: np.ndarray, block: int = BLOCK_SIZE) -> tuple[np.
     return q.astype(np.uint8), scale.reshape(-1), zp
 
 
+def linear_op(g: GraphWriter, x: str, name: str, weight: np.ndarray, *, quantize: bool) -> str:
+    """x @ weight.T for weight [N, K] (HF [out, in]): MatMulNBits int8 blocks, or fp32 MatMul."""
+    n, k = weight.shape
+    if not quantize:
+        return str(g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)]))
+    b, scales, zp = quantize_blockwise_int8(weight)
+    ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales), g.weight(name + ".zp", zp)]
+    return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=BLOCK_SIZE, accuracy_level=4))
+
+
+def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.ndarray, eps: float) -> tuple[str, str]:
+    """(RMS-normalized x + residual, x + residual) in one SkipSimplifiedLayerNormalization."""
+    ins = [x, residual, g.weight(name, weight)]
+    outs = g.op("SkipSimplifiedLayerNormalization", ins, n_out=4, domain=MS, epsilon=eps)
+    return outs[0], outs[3]
+
+
 def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True) -> onnx.ModelProto:
     """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests)."""
     c = config
@@ -42,24 +59,10 @@ def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quan
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
 
     def linear(x: str, name: str, weight: np.ndarray) -> str:
-        """x @ weight.T for weight [N, K]."""
-        n, k = weight.shape
-        if not quantize:
-            return g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)])
-        b, scales, zp = quantize_blockwise_int8(weight)
-        ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales), g.weight(name + ".zp", zp)]
-        return g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=BLOCK_SIZE, accuracy_level=4)
+        return linear_op(g, x, name, weight, quantize=quantize)
 
     def skip_norm(x: str, residual: str, name: str) -> tuple[str, str]:
-        """(normalized x + residual, x + residual)."""
-        outs = g.op(
-            "SkipSimplifiedLayerNormalization",
-            [x, residual, g.weight(name, w[name])],
-            n_out=4,
-            domain=MS,
-            epsilon=c.rms_norm_eps,
-        )
-        return outs[0], outs[3]
+        return skip_norm_op(g, x, residual, name, w[name], c.rms_norm_eps)
 
     x = g.op("Gather", [g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"])
     cos_t, sin_t = rope_tables(c)

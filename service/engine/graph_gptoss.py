@@ -22,7 +22,7 @@ import onnx
 from service.engine.config import DecoderConfig, ModelMeta, write_config
 from service.engine.cpu import cpu_features
 from service.engine.gptoss import EXPERT_BLOCK, SLIDING, GptOssSpec, rope_caches
-from service.engine.graph_contrib import BLOCK_SIZE, MS, quantize_blockwise_int8
+from service.engine.graph_contrib import MS, linear_op, skip_norm_op
 from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
 from service.engine.model_files import EXTERNAL_DATA_THRESHOLD, MODEL_FILE, save_model
 
@@ -61,24 +61,11 @@ def build_gptoss_graph(
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
 
     def linear(x: str, name: str, weight: np.ndarray, bias: np.ndarray | None = None) -> str:
-        n, k = weight.shape
-        if quantize_dense:
-            b, scales, zp = quantize_blockwise_int8(weight)
-            ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales), g.weight(name + ".zp", zp)]
-            y = g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=BLOCK_SIZE, accuracy_level=4)
-        else:
-            y = g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)])
+        y = linear_op(g, x, name, weight, quantize=quantize_dense)
         return y if bias is None else g.op("Add", [y, g.weight(name + ".bias", bias)])
 
     def skip_norm(x: str, residual: str, name: str) -> tuple[str, str]:
-        outs = g.op(
-            "SkipSimplifiedLayerNormalization",
-            [x, residual, g.weight(name, w[name])],
-            n_out=4,
-            domain=MS,
-            epsilon=c.rms_norm_eps,
-        )
-        return outs[0], outs[3]
+        return skip_norm_op(g, x, residual, name, w[name], c.rms_norm_eps)
 
     def experts(x: str, router: str, p: str) -> str:
         gate_up: np.ndarray | None = None
