@@ -19,6 +19,7 @@ from openai_harmony import (
     Role,
     SystemContent,
     ToolDescription,
+    ToolNamespaceConfig,
 )
 
 from service.constraints.plan import DecodingPlan
@@ -100,6 +101,18 @@ def response_format_section(fmt: dict[str, Any] | None) -> str:
     if fmt.get("type") == "json_object":
         return "\n\n# Response Formats\n\nRespond with a JSON object."
     return ""
+
+
+def server_namespaces(tools: Sequence[FunctionTool]) -> list[ToolNamespaceConfig]:
+    """MCP tools (type `mcp_function`, with their server label as `namespace`) grouped per server."""
+    grouped: dict[str, list[ToolDescription]] = {}
+    descriptions: dict[str, str | None] = {}
+    for tool in tools:
+        if tool.get("type") != "mcp_function":
+            continue
+        grouped.setdefault(tool["namespace"], []).append(function_tool_description({**tool, "type": "function"}))
+        descriptions[tool["namespace"]] = tool.get("server_description")
+    return [ToolNamespaceConfig(name=n, description=descriptions[n], tools=t) for n, t in grouped.items()]
 
 
 def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
@@ -216,6 +229,8 @@ class HarmonyFormat:
 
     def system_message(self, request: PromptRequest) -> Message:
         content = SystemContent.new().with_reasoning_effort(_EFFORT[request.reasoning_effort])
+        if any(t.get("type") == "python" for t in request.tools):
+            content = content.with_python_tool()  # the code interpreter, as gpt-oss was trained to see it
         if self._model_identity is not None:
             content = content.with_model_identity(self._model_identity)
         if self._knowledge_cutoff is not None:
@@ -229,11 +244,16 @@ class HarmonyFormat:
         instructions = (request.instructions or "") + response_format_section(request.response_format)
         if not instructions and not tools:
             return None
+        namespaces = server_namespaces(request.tools)
+        if not instructions and not tools and not namespaces:
+            return None
         content = DeveloperContent.new()
         if instructions:
             content = content.with_instructions(instructions.lstrip("\n"))
         if tools:
             content = content.with_function_tools(tools)
+        for namespace in namespaces:  # MCP servers: their tools under the server label, like functions
+            content = content.with_tools(namespace)
         return Message.from_role_and_content(Role.DEVELOPER, content)
 
     def messages(self, request: PromptRequest) -> list[Message]:

@@ -20,7 +20,7 @@ from service.protocol.items import (
     MessageItem,
 )
 from service.protocol.text import TextConfig
-from service.protocol.tools import AllowedToolsChoice, Tool, ToolChoice, unoffered_tool
+from service.protocol.tools import AllowedToolsChoice, McpTool, McpToolChoice, Tool, ToolChoice, unoffered_tool
 
 
 class ReasoningConfig(Strict):
@@ -40,8 +40,8 @@ _NO_OP_INCLUDES = Literal[
     "web_search_call.action.sources",
     "message.input_image.image_url",
     "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs",
 ]
+
 
 class ConversationRef(Strict):
     id: str
@@ -78,7 +78,9 @@ class CreateResponseRequest(Strict):
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    include: list[Literal["message.output_text.logprobs"] | _NO_OP_INCLUDES] | None = None
+    include: list[Literal["message.output_text.logprobs", "code_interpreter_call.outputs"] | _NO_OP_INCLUDES] | None = (
+        None
+    )
     # A Conversation (its id, or {"id": …}) whose items are the history and which the response's items join.
     conversation: str | ConversationRef | None = None
     # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
@@ -179,7 +181,10 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
 def _check_tools(request: CreateResponseRequest) -> None:
     """tool_choice must name tools the request offers; names are unique (the model addresses tools by name)."""
     kinds: dict[str, str] = {}
+    labels = {tool.server_label for tool in request.tools if isinstance(tool, McpTool)}
     for index, tool in enumerate(request.tools):
+        if not hasattr(tool, "name"):
+            continue  # server tools (mcp, code_interpreter): checked by service/tools/specs.py
         if tool.name in kinds:
             raise InvalidRequest(f"Duplicate tool name '{tool.name}'.", param=f"tools[{index}].name")
         kinds[tool.name] = tool.type
@@ -195,6 +200,11 @@ def _check_tools(request: CreateResponseRequest) -> None:
                     f"Tool '{ref.name}' of type '{ref.type}' in allowed_tools is not in 'tools'.",
                     param=f"tool_choice.tools[{index}]",
                 )
+    elif isinstance(choice, McpToolChoice):
+        if choice.server_label not in labels:
+            raise InvalidRequest(
+                f"Tool choice names MCP server '{choice.server_label}', which is not in 'tools'.", param="tool_choice"
+            )
     elif not isinstance(choice, str) and kinds.get(choice.name) != choice.type:
         raise InvalidRequest(
             f"Tool choice '{choice.name}' of type '{choice.type}' not found in 'tools' parameter.",
