@@ -73,6 +73,9 @@ def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
         return CallTarget(PYTHON_TARGET, True, None, f"tools[{index}]")
     if tool.get("type") == "mcp_function":  # an MCP server's tool, addressed as `LABEL.NAME`
         params = tool.get("parameters") or _ANY_OBJECT
+        if params.get("type") == "object" and "additionalProperties" not in params:
+            # The server declared its parameters: a well-formed call names no others.
+            params = {**params, "additionalProperties": False}
         qualified = f"{tool['namespace']}.{tool['name']}"
         return CallTarget(
             qualified, False, GrammarSpec.json_schema(params, strict=False), f"tools[{index}].parameters",

@@ -27,6 +27,7 @@ from service.constraints.tokenizer import harmony_tokenizer
 from service.prompting.base import ConversationItem, FunctionTool, PromptRequest
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab
 from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputParser
+from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages
 from service.prompting.vocab import load_harmony
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
@@ -163,6 +164,8 @@ def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
                 .with_channel("commentary")
                 .with_recipient("assistant")
             )
+        elif kind in SERVER_ITEM_TYPES:
+            out += server_item_messages(item, items)
         else:
             raise ValueError(f"conversation item of type {kind!r} is not supported by the harmony format")
     return out
