@@ -5,14 +5,16 @@ after a call's result is logged (the call is never made again; the stream is the
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from cryptography.fernet import Fernet
 
-from tests.api_helpers import client_for, raw_events, wait_until_terminal
+from tests.api_helpers import client_for, raw_events
 from tests.conftest import ServerProcess
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
@@ -112,3 +114,131 @@ async def _assert_secret_absent_pg(database_url: str) -> None:
             assert rows and SECRET not in repr([tuple(row) for row in rows]), table
     finally:
         await connection.close()
+
+
+def without_ids(items: list[Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in item.model_dump().items() if k not in ("id", "container_id")} for item in items]
+
+
+def test_kill_9_after_a_logged_result_never_calls_again(
+    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+) -> None:
+    env = {**BUDGET, "SERVICE_SECRET_KEY": Fernet.generate_key().decode()}
+    server: ServerProcess = server_factory(database_url, **env).start()
+    client = client_for(server.url)
+    request: dict[str, Any] = {
+        "input": "pick a color, then talk",
+        "tools": [mcp_tool(mcp_server, authorization=SECRET)],
+        "tool_choice": force("pick"),
+        "max_tool_calls": 1,
+        "max_output_tokens": 300,
+        "extra_body": {"seed": 4242},
+    }
+    before = len(calls_to(mcp_server, "pick"))
+    reference = client.responses.create(**request)
+    assert len(calls_to(mcp_server, "pick")) == before + 1
+    stream = client.responses.create(**request, background=True, stream=True)
+    seen: list[dict[str, Any]] = []
+    for event in stream:
+        seen.append(event.model_dump())
+        if event.type == "response.mcp_call.completed":  # committed with the call's logged result
+            break
+    response_id = seen[0]["response"]["id"]
+    server.kill()  # kill -9 right after the result was logged
+    assert len(calls_to(mcp_server, "pick")) == before + 2
+    server = server_factory(database_url, **env).start()
+    client = client_for(server.url)
+    rest = [
+        e.model_dump()
+        for e in client.responses.retrieve(response_id, stream=True, starting_after=seen[-1]["sequence_number"])
+    ]
+    whole = seen + rest
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    assert whole[-1]["type"] in ("response.completed", "response.incomplete")
+    final = client.responses.retrieve(response_id)
+    assert len(calls_to(mcp_server, "pick")) == before + 2, "a call with a logged result is never made again"
+    # The resumed run continued from the logged result with exactly the uninterrupted run's tokens.
+    assert without_ids(final.output) == without_ids(reference.output)
+    assert final.usage is not None and reference.usage is not None
+    assert final.usage.output_tokens == reference.usage.output_tokens
+    server.stop()
+    assert_secret_absent(database_url)
+
+
+def test_allowed_tools_unreachable_and_refused_urls(
+    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+) -> None:
+    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    client = client_for(server.url)
+    only_pick = client.responses.create(
+        input="x",
+        tools=[mcp_tool(mcp_server, allowed_tools=["pick"])],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tool_calls=1,
+        max_output_tokens=80,
+    )
+    assert [tool.name for tool in only_pick.output[0].tools] == ["pick"]  # type: ignore[union-attr]
+    calls = [item for item in only_pick.output if item.type == "mcp_call"]
+    assert calls and all(call.name == "pick" for call in calls)
+    # An unreachable server: the listing item carries the error, the response goes on, no 5xx.
+    dead = {"type": "mcp", "server_label": "dead", "server_url": "http://127.0.0.1:9/mcp", "require_approval": "never"}
+    gone = client.responses.create(input="x", tools=[dead], max_output_tokens=4)  # type: ignore[list-item]
+    assert gone.output[0].type == "mcp_list_tools" and gone.output[0].error
+    for url in ("ftp://example.com/mcp", "http://169.254.169.254/latest", "not a url"):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(
+                input="x", tools=[{**dead, "server_url": url}], max_output_tokens=4  # type: ignore[list-item]
+            )
+        assert raised.value.body["param"] == "tools[0].server_url"  # type: ignore[index]
+    # A background request with secrets, on a server without SERVICE_SECRET_KEY: a 400 that says why.
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(
+            input="x", background=True, tools=[mcp_tool(mcp_server, authorization=SECRET)]  # type: ignore[list-item]
+        )
+    assert "SERVICE_SECRET_KEY" in raised.value.body["message"]  # type: ignore[index]
+    # tool_choice naming a server the request does not offer.
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(input="x", tool_choice={"type": "mcp", "server_label": "nope"})  # type: ignore[arg-type]
+    assert client.responses.create(input="still fine", max_output_tokens=2).status in ("completed", "incomplete")
+
+
+def test_approval_request_then_approve_or_refuse(
+    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+) -> None:
+    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    client = client_for(server.url)
+    tool = mcp_tool(mcp_server, require_approval="always")
+    before = len(calls_to(mcp_server, "pick"))
+    asked = client.responses.create(
+        input="pick", tools=[tool], tool_choice=force("pick"), max_output_tokens=80  # type: ignore[list-item, arg-type]
+    )
+    request = asked.output[-1]
+    assert request.type == "mcp_approval_request" and request.name == "pick", asked.output
+    assert asked.status == "completed"
+    assert len(calls_to(mcp_server, "pick")) == before, "nothing is called before it is approved"
+    approved = client.responses.create(
+        previous_response_id=asked.id,
+        input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}],
+        tools=[tool],  # type: ignore[list-item]
+        max_output_tokens=40,
+    )
+    call = next(item for item in approved.output if item.type == "mcp_call")
+    assert (call.name, call.arguments, call.approval_request_id) == ("pick", request.arguments, request.id)
+    assert call.output == f"picked {json.loads(request.arguments)['color']}"
+    assert len(calls_to(mcp_server, "pick")) == before + 1, "exactly the approved call"
+    assert not any(item.type == "mcp_list_tools" for item in approved.output), "listed by the earlier turn"
+    refused = client.responses.create(
+        previous_response_id=asked.id,
+        input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice="none",
+        max_output_tokens=10,
+    )
+    assert not any(item.type == "mcp_call" for item in refused.output)
+    assert len(calls_to(mcp_server, "pick")) == before + 1
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(
+            previous_response_id=asked.id,
+            input=[{"type": "mcp_approval_response", "approval_request_id": "mcpr_unknown", "approve": True}],
+            tools=[tool],  # type: ignore[list-item]
+        )
