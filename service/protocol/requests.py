@@ -17,6 +17,7 @@ from service.protocol.items import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
+    McpApprovalResponseItem,
     MessageItem,
 )
 from service.protocol.text import TextConfig
@@ -314,6 +315,9 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
                     "status": "completed",
                 }
             )
+        elif isinstance(item, McpApprovalResponseItem):
+            answer = {"approval_request_id": item.approval_request_id, "approve": item.approve, "reason": item.reason}
+            out.append({"id": item_id, "type": "mcp_approval_response", **answer})
         else:
             reasoning_parts = [{"type": "reasoning_text", "text": part.text} for part in item.content or []]
             out.append({"id": item_id, "type": "reasoning", "summary": [], "content": reasoning_parts})
