@@ -80,7 +80,8 @@ async def prepare(
                     param=f"tools[{index}].type",
                     code="unsupported_tool",
                 )
-            prepared.model_tools.append({"type": "python"})
+            limit = settings.code_interpreter_max_code_chars
+            prepared.model_tools.append({"type": "python", **({"max_code_chars": limit} if limit else {})})
             continue
         if spec.get("type") != "mcp":
             continue

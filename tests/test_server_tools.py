@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +243,40 @@ def test_approval_request_then_approve_or_refuse(
             input=[{"type": "mcp_approval_response", "approval_request_id": "mcpr_unknown", "approve": True}],
             tools=[tool],  # type: ignore[list-item]
         )
+
+
+def test_code_interpreter_round_trip(server_factory: Any, database_url: str) -> None:
+    # The random-weight model never ends free text by itself: bound the code it may write, so its call closes.
+    # (The sandbox's directory must be reachable by the sandbox user: not under pytest's private tmp_path.)
+    sandbox_dir = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
+    sandbox_dir.chmod(0o711)
+    env = {**BUDGET, "SERVICE_CODE_INTERPRETER_MAX_CODE_CHARS": "40", "SERVICE_SANDBOX_DIR": str(sandbox_dir / "c")}
+    server: ServerProcess = server_factory(database_url, **env).start()
+    client = client_for(server.url)
+    response = client.responses.create(
+        input="compute something",
+        tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],
+        tool_choice="required",
+        max_tool_calls=1,
+        max_output_tokens=120,
+        include=["code_interpreter_call.outputs"],
+        extra_body={"seed": 3},
+    )
+    calls = [item for item in response.output if item.type == "code_interpreter_call"]
+    assert len(calls) == 1, response.output
+    call = calls[0]
+    assert call.status == "completed" and call.code and len(call.code) <= 40
+    assert call.outputs is not None and call.outputs[0].type == "logs"
+    assert call.container_id == "cntr_" + response.id.removeprefix("resp_")
+    assert (sandbox_dir / "c" / call.container_id).is_dir(), "the code ran in its container's work directory"
+    types = [e["type"] for e in raw_events(server.url, response.id)]
+    order = [
+        "response.code_interpreter_call.in_progress",
+        "response.code_interpreter_call_code.delta",
+        "response.code_interpreter_call_code.done",
+        "response.code_interpreter_call.interpreting",
+        "response.code_interpreter_call.completed",
+    ]
+    assert [t for t in types if t in order][0] == order[0]
+    assert all(t in types for t in order)
+    assert types.index(order[2]) < types.index(order[3]) < types.index(order[4])

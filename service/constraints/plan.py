@@ -70,7 +70,9 @@ def constraint_spec(
 
 def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
     if tool.get("type") == "python":  # the code interpreter: plain code, addressed as `python`
-        return CallTarget(PYTHON_TARGET, True, None, f"tools[{index}]")
+        limit = tool.get("max_code_chars")
+        grammar = GrammarSpec("regex", f"(?s:.{{0,{int(limit)}}})") if limit else None
+        return CallTarget(PYTHON_TARGET, True, grammar, f"tools[{index}]")
     if tool.get("type") == "mcp_function":  # an MCP server's tool, addressed as `LABEL.NAME`
         params = tool.get("parameters") or _ANY_OBJECT
         if params.get("type") == "object" and "additionalProperties" not in params:
