@@ -11,14 +11,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from cryptography.fernet import Fernet
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
-from tests.api_helpers import client_for, raw_events
+from tests.api_helpers import assert_well_formed_stream, client_for, raw_events
 from tests.conftest import ServerProcess
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
+OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 SECRET = "sk-SERVER-TOOLS-SECRET-77"
 # A short reasoning budget: the random model's free text is cut after a few tokens, so a forced call comes soon.
 BUDGET = {"SERVICE_REASONING_TOKENS_LOW": "6", "SERVICE_REASONING_TOKENS_MEDIUM": "6"}
@@ -30,6 +34,16 @@ def mcp_tool(server: McpServer, **extra: Any) -> dict[str, Any]:
 
 def force(name: str) -> dict[str, Any]:
     return {"type": "mcp", "server_label": "counter", "name": name}
+
+
+def assert_openai_strict(url: str, response_id: str) -> list[dict[str, Any]]:
+    """The stored response and its whole stream validate against the official SDK's types, strictly."""
+    Response.model_validate_json(httpx.get(f"{url}/v1/responses/{response_id}", timeout=30).text, strict=True)
+    events = raw_events(url, response_id)
+    for event in events:
+        OPENAI_EVENT.validate_json(json.dumps(event), strict=True)
+    assert_well_formed_stream(events)
+    return events
 
 
 def calls_to(server: McpServer, tool: str) -> list[dict[str, Any]]:
@@ -66,7 +80,7 @@ def test_mcp_list_and_forced_call_round_trip(
     assert call.error is None and call.output == f"picked {args['color']}", call
     assert call.status == "completed"
     # The stream: list events, argument deltas, then the call's completion, in order.
-    types = [e["type"] for e in raw_events(server.url, response.id)]
+    types = [e["type"] for e in assert_openai_strict(server.url, response.id)]
     for expected in (
         "response.mcp_list_tools.in_progress",
         "response.mcp_list_tools.completed",
@@ -217,6 +231,7 @@ def test_approval_request_then_approve_or_refuse(
     assert request.type == "mcp_approval_request" and request.name == "pick", asked.output
     assert asked.status == "completed"
     assert len(calls_to(mcp_server, "pick")) == before, "nothing is called before it is approved"
+    assert_openai_strict(server.url, asked.id)
     approved = client.responses.create(
         previous_response_id=asked.id,
         input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}],
@@ -228,6 +243,7 @@ def test_approval_request_then_approve_or_refuse(
     assert call.output == f"picked {json.loads(request.arguments)['color']}"
     assert len(calls_to(mcp_server, "pick")) == before + 1, "exactly the approved call"
     assert not any(item.type == "mcp_list_tools" for item in approved.output), "listed by the earlier turn"
+    assert_openai_strict(server.url, approved.id)
     refused = client.responses.create(
         previous_response_id=asked.id,
         input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}],
@@ -269,7 +285,7 @@ def test_code_interpreter_round_trip(server_factory: Any, database_url: str) -> 
     assert call.outputs is not None and call.outputs[0].type == "logs"
     assert call.container_id == "cntr_" + response.id.removeprefix("resp_")
     assert (sandbox_dir / "c" / call.container_id).is_dir(), "the code ran in its container's work directory"
-    types = [e["type"] for e in raw_events(server.url, response.id)]
+    types = [e["type"] for e in assert_openai_strict(server.url, response.id)]
     order = [
         "response.code_interpreter_call.in_progress",
         "response.code_interpreter_call_code.delta",
