@@ -28,11 +28,11 @@ SECRET = "sk-SERVER-TOOLS-SECRET-77"
 BUDGET = {"SERVICE_REASONING_TOKENS_LOW": "6", "SERVICE_REASONING_TOKENS_MEDIUM": "6"}
 
 
-def mcp_tool(server: McpServer, **extra: Any) -> dict[str, Any]:
+def mcp_tool(server: McpServer, **extra: Any) -> Any:  # Any: the SDK's param types are narrower than JSON
     return {"type": "mcp", "server_label": "counter", "server_url": server.url, "require_approval": "never", **extra}
 
 
-def force(name: str) -> dict[str, Any]:
+def force(name: str) -> Any:
     return {"type": "mcp", "server_label": "counter", "name": name}
 
 
@@ -44,6 +44,11 @@ def assert_openai_strict(url: str, response_id: str) -> list[dict[str, Any]]:
         OPENAI_EVENT.validate_json(json.dumps(event), strict=True)
     assert_well_formed_stream(events)
     return events
+
+
+def error_body(error: openai.APIStatusError) -> dict[str, Any]:
+    body: dict[str, Any] = error.body  # type: ignore[assignment]
+    return body
 
 
 def calls_to(server: McpServer, tool: str) -> list[dict[str, Any]]:
@@ -60,8 +65,8 @@ def test_mcp_list_and_forced_call_round_trip(
     before = len(calls_to(mcp_server, "pick"))
     response = client.responses.create(
         input="add two numbers",
-        tools=[mcp_tool(mcp_server, authorization=SECRET)],  # type: ignore[list-item]
-        tool_choice=force("pick"),  # type: ignore[arg-type]
+        tools=[mcp_tool(mcp_server, authorization=SECRET)],
+        tool_choice=force("pick"),
         max_tool_calls=1,
         max_output_tokens=120,
         extra_body={"seed": 7},
@@ -97,7 +102,7 @@ def test_mcp_list_and_forced_call_round_trip(
     follow = client.responses.create(
         input="and now?",
         previous_response_id=response.id,
-        tools=[mcp_tool(mcp_server, authorization=SECRET)],  # type: ignore[list-item]
+        tools=[mcp_tool(mcp_server, authorization=SECRET)],
         tool_choice="none",
         max_output_tokens=4,
     )
@@ -136,7 +141,9 @@ def without_ids(items: list[Any]) -> list[dict[str, Any]]:
 
 
 def test_kill_9_after_a_logged_result_never_calls_again(
-    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+    server_factory: Any,
+    database_url: str,
+    mcp_server: McpServer,  # noqa: F811
 ) -> None:
     env = {**BUDGET, "SERVICE_SECRET_KEY": Fernet.generate_key().decode()}
     server: ServerProcess = server_factory(database_url, **env).start()
@@ -181,52 +188,57 @@ def test_kill_9_after_a_logged_result_never_calls_again(
 
 
 def test_allowed_tools_unreachable_and_refused_urls(
-    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+    server_factory: Any,
+    database_url: str,
+    mcp_server: McpServer,  # noqa: F811
 ) -> None:
     server: ServerProcess = server_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     only_pick = client.responses.create(
         input="x",
-        tools=[mcp_tool(mcp_server, allowed_tools=["pick"])],  # type: ignore[list-item]
+        tools=[mcp_tool(mcp_server, allowed_tools=["pick"])],
         tool_choice="required",
         max_tool_calls=1,
         max_output_tokens=80,
     )
-    assert [tool.name for tool in only_pick.output[0].tools] == ["pick"]  # type: ignore[union-attr]
+    listed = only_pick.output[0]
+    assert listed.type == "mcp_list_tools" and [tool.name for tool in listed.tools] == ["pick"]
     calls = [item for item in only_pick.output if item.type == "mcp_call"]
     assert calls and all(call.name == "pick" for call in calls)
     # An unreachable server: the listing item carries the error, the response goes on, no 5xx.
-    dead = {"type": "mcp", "server_label": "dead", "server_url": "http://127.0.0.1:9/mcp", "require_approval": "never"}
-    gone = client.responses.create(input="x", tools=[dead], max_output_tokens=4)  # type: ignore[list-item]
+    dead: Any = {
+        "type": "mcp",
+        "server_label": "dead",
+        "server_url": "http://127.0.0.1:9/mcp",
+        "require_approval": "never",
+    }
+    gone = client.responses.create(input="x", tools=[dead], max_output_tokens=4)
     assert gone.output[0].type == "mcp_list_tools" and gone.output[0].error
     for url in ("ftp://example.com/mcp", "http://169.254.169.254/latest", "not a url"):
+        refused: Any = dict(dead, server_url=url)
         with pytest.raises(openai.BadRequestError) as raised:
-            client.responses.create(
-                input="x", tools=[{**dead, "server_url": url}], max_output_tokens=4  # type: ignore[list-item]
-            )
-        assert raised.value.body["param"] == "tools[0].server_url"  # type: ignore[index]
+            client.responses.create(input="x", tools=[refused], max_output_tokens=4)
+        assert error_body(raised.value)["param"] == "tools[0].server_url"
     # A background request with secrets, on a server without SERVICE_SECRET_KEY: a 400 that says why.
     with pytest.raises(openai.BadRequestError) as raised:
-        client.responses.create(
-            input="x", background=True, tools=[mcp_tool(mcp_server, authorization=SECRET)]  # type: ignore[list-item]
-        )
-    assert "SERVICE_SECRET_KEY" in raised.value.body["message"]  # type: ignore[index]
+        client.responses.create(input="x", background=True, tools=[mcp_tool(mcp_server, authorization=SECRET)])
+    assert "SERVICE_SECRET_KEY" in error_body(raised.value)["message"]
     # tool_choice naming a server the request does not offer.
     with pytest.raises(openai.BadRequestError):
-        client.responses.create(input="x", tool_choice={"type": "mcp", "server_label": "nope"})  # type: ignore[arg-type]
+        client.responses.create(input="x", tool_choice={"type": "mcp", "server_label": "nope"})
     assert client.responses.create(input="still fine", max_output_tokens=2).status in ("completed", "incomplete")
 
 
 def test_approval_request_then_approve_or_refuse(
-    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+    server_factory: Any,
+    database_url: str,
+    mcp_server: McpServer,  # noqa: F811
 ) -> None:
     server: ServerProcess = server_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     tool = mcp_tool(mcp_server, require_approval="always")
     before = len(calls_to(mcp_server, "pick"))
-    asked = client.responses.create(
-        input="pick", tools=[tool], tool_choice=force("pick"), max_output_tokens=80  # type: ignore[list-item, arg-type]
-    )
+    asked = client.responses.create(input="pick", tools=[tool], tool_choice=force("pick"), max_output_tokens=80)
     request = asked.output[-1]
     assert request.type == "mcp_approval_request" and request.name == "pick", asked.output
     assert asked.status == "completed"
@@ -235,7 +247,7 @@ def test_approval_request_then_approve_or_refuse(
     approved = client.responses.create(
         previous_response_id=asked.id,
         input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}],
-        tools=[tool],  # type: ignore[list-item]
+        tools=[tool],
         max_output_tokens=40,
     )
     call = next(item for item in approved.output if item.type == "mcp_call")
@@ -247,7 +259,7 @@ def test_approval_request_then_approve_or_refuse(
     refused = client.responses.create(
         previous_response_id=asked.id,
         input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}],
-        tools=[tool],  # type: ignore[list-item]
+        tools=[tool],
         tool_choice="none",
         max_output_tokens=10,
     )
@@ -257,7 +269,7 @@ def test_approval_request_then_approve_or_refuse(
         client.responses.create(
             previous_response_id=asked.id,
             input=[{"type": "mcp_approval_response", "approval_request_id": "mcpr_unknown", "approve": True}],
-            tools=[tool],  # type: ignore[list-item]
+            tools=[tool],
         )
 
 
