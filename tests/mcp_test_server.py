@@ -47,6 +47,13 @@ def build(ledger: Path) -> MCPServer:
         return f"picked {color}"
 
     @server.tool()
+    async def nap(ctx: Context) -> str:
+        """Take a few seconds, with no arguments (a random-weight model's call to it is `{}`)."""
+        record("nap", {}, ctx)
+        await asyncio.sleep(4)
+        return "rested"
+
+    @server.tool()
     def echo(text: str, ctx: Context) -> str:
         """Repeat the text."""
         record("echo", {"text": text}, ctx)

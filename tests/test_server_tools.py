@@ -8,6 +8,7 @@ import asyncio
 import json
 import sqlite3
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from cryptography.fernet import Fernet
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.api_helpers import assert_well_formed_stream, client_for, raw_events
+from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, wait_until_terminal
 from tests.conftest import ServerProcess
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
@@ -308,3 +309,38 @@ def test_code_interpreter_round_trip(server_factory: Any, database_url: str) -> 
     assert [t for t in types if t in order][0] == order[0]
     assert all(t in types for t in order)
     assert types.index(order[2]) < types.index(order[3]) < types.index(order[4])
+
+
+def test_kill_9_during_a_call_retries_it_once_with_its_key(
+    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+) -> None:
+    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    client = client_for(server.url)
+    before = len(calls_to(mcp_server, "nap"))
+    stream = client.responses.create(
+        input="rest",
+        tools=[mcp_tool(mcp_server)],
+        tool_choice=force("nap"),
+        max_tool_calls=1,
+        max_output_tokens=60,
+        background=True,
+        stream=True,
+    )
+    response_id = ""
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.mcp_call_arguments.done":
+            break
+    deadline = time.monotonic() + 30
+    while len(calls_to(mcp_server, "nap")) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.kill()  # kill -9 while the 4 s call is in flight: its start is logged, its result is not
+    server = server_factory(database_url, **BUDGET).start()
+    client = client_for(server.url)
+    final = wait_until_terminal(client, response_id)
+    naps = calls_to(mcp_server, "nap")[before:]
+    assert [call["idempotency_key"] for call in naps] == [f"{response_id}:tool:0"] * 2, "retried once, same key"
+    call = next(item for item in final.output if item.type == "mcp_call")
+    assert call.output == "rested" and call.status == "completed"
+    assert_openai_strict(server.url, response_id)
