@@ -71,6 +71,9 @@ async def prepare(
             param="tools",
             code="unsupported_tool",
         )
+    interpreters = [i for i, spec in enumerate(raw_tools) if spec.get("type") == "code_interpreter"]
+    if len(interpreters) > 1:
+        raise InvalidRequest("Only one code_interpreter tool per request.", param=f"tools[{interpreters[1]}]")
     earlier = {i["server_label"]: i for i in history if i.get("type") == "mcp_list_tools" and not i.get("error")}
     for index, spec in enumerate(raw_tools):
         if spec.get("type") == "code_interpreter":

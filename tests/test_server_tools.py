@@ -224,6 +224,10 @@ def test_allowed_tools_unreachable_and_refused_urls(
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(input="x", background=True, tools=[mcp_tool(mcp_server, authorization=SECRET)])
     assert "SERVICE_SECRET_KEY" in error_body(raised.value)["message"]
+    twice: Any = [{"type": "code_interpreter", "container": {"type": "auto"}}] * 2
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(input="x", tools=twice)
+    assert error_body(raised.value)["param"] == "tools[1]"
     # tool_choice naming a server the request does not offer.
     with pytest.raises(openai.BadRequestError):
         client.responses.create(input="x", tool_choice={"type": "mcp", "server_label": "nope"})
