@@ -33,6 +33,7 @@ class PreparedTools:
             **({"mcp_listed": self.listed} if self.listed else {}),
             **({"approved_call": self.approved_call} if self.approved_call else {}),
             **({"sealed_secrets": self.sealed} if self.sealed else {}),
+            **({"mcp_secret_labels": sorted(self.headers)} if self.headers else {}),  # names only
         }
 
 
@@ -92,7 +93,9 @@ async def prepare(
         headers = secrets.request_headers(spec)
         if headers:
             prepared.headers[label] = headers
-            if background:
+            # Sealed when a background run needs them after a crash, or whenever a key lets another replica
+            # that claims the run use them.
+            if background or settings.secret_key:
                 prepared.sealed[label] = secrets.seal(settings.secret_key, spec)
         allowed = allowed_tool_names(spec)
         if label in earlier:  # listed by an earlier turn of this conversation: not listed again

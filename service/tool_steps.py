@@ -8,8 +8,8 @@ write and return once it is committed) and takes the run back when `run_call` re
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from service import agent_loop
@@ -23,11 +23,10 @@ from service.store.event_log import StoredFact
 from service.store.recorder import RunWrite
 from service.tool_state import segment_constraint_spec
 from service.tools import sandbox_from_settings, secrets
+from service.tools.base import ToolResult
 from service.tools.code_interpreter import CodeInterpreter
 from service.tools.mcp import McpConnector
 from service.tools.registry import McpServerTool, ToolRegistry, allowed_tool_names
-
-log = logging.getLogger(__name__)
 
 Commit = Callable[[RunWrite], Awaitable[bool]]  # True once committed; False: the run is no longer ours
 
@@ -72,6 +71,16 @@ def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat) -> list[int]
     return prompt_ids[: -len(suffix) + 1]
 
 
+@dataclass(frozen=True)
+class _Unavailable:
+    """A server whose call cannot be made here (its secrets are not readable): the call's error says why."""
+
+    reason: str
+
+    async def call(self, name: str, arguments: str, idempotency_key: str) -> ToolResult:
+        return ToolResult(None, self.reason)
+
+
 class ToolSteps:
     def __init__(self, settings: Settings, chat_format: ChatFormat) -> None:
         self.settings = settings
@@ -101,11 +110,13 @@ class ToolSteps:
                 registry.add("python", CodeInterpreter(self.sandbox, container_id(run.response_id, tools)))
             elif spec.get("type") == "mcp":
                 label = spec["server_label"]
+                try:
+                    headers = self._headers(run, label)
+                except secrets.SecretsUnreadable as exc:
+                    registry.add(label, _Unavailable(str(exc)))  # never call out without the client's secrets
+                    continue
                 registry.add(
-                    label,
-                    McpServerTool(
-                        self.connector, spec["server_url"], self._headers(run, label), allowed_tool_names(spec)
-                    ),
+                    label, McpServerTool(self.connector, spec["server_url"], headers, allowed_tool_names(spec))
                 )
         return registry
 
@@ -114,9 +125,14 @@ class ToolSteps:
         if remembered is not None:
             return remembered
         sealed = (run.fact.get("sealed_secrets") or {}).get(label)
-        if sealed is None:
-            return {}
-        return secrets.request_headers(secrets.unseal(self.settings.secret_key, sealed))
+        if sealed is not None:
+            return secrets.request_headers(secrets.unseal(self.settings.secret_key, sealed))
+        if label in (run.fact.get("mcp_secret_labels") or []):
+            raise secrets.SecretsUnreadable(
+                f"The secrets of MCP server '{label}' were kept in the memory of the process that accepted this "
+                "request, which no longer runs it; set SERVICE_SECRET_KEY so that any replica can use them."
+            )
+        return {}
 
     def forget(self, response_id: str) -> None:
         self.headers.pop(response_id, None)
@@ -139,11 +155,7 @@ class ToolSteps:
             if not await commit(write):
                 raise RunLost(run.response_id)
 
-        try:
-            registry = self.registry(run)
-        except secrets.SecretsUnreadable as exc:
-            registry = ToolRegistry()  # the call fails with a clear error instead of going out unauthenticated
-            log.warning("run %s: %s", run.response_id, exc)
+        registry = self.registry(run)
         result = await agent_loop.execute(
             run.segment.calls, call, registry, log_fact, timeout_seconds=self.settings.tool_timeout_seconds
         )

@@ -106,3 +106,30 @@ def test_segments_and_their_constraint_specs() -> None:
     assert segment_constraint_spec(spec, 1) == {**spec, "tool_choice": "auto", "max_tool_calls": 1}
     assert segment_constraint_spec(spec, 3)["max_tool_calls"] == 0  # type: ignore[index]
     assert segment_constraint_spec({**spec, "tool_choice": "none"}, 1)["tool_choice"] == "none"  # type: ignore[index]
+
+
+async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call() -> None:
+    from cryptography.fernet import Fernet
+
+    from service.config import Settings
+    from service.prompting.harmony import HarmonyFormat
+    from service.run_state import ActiveRun
+    from service.tool_steps import ToolSteps
+    from service.tools import secrets
+
+    key = Fernet.generate_key().decode()
+    steps = ToolSteps(Settings(secret_key=key), HarmonyFormat())
+    spec = {**MCP, "authorization": "sk-x"}
+
+    def run_with(**fact: Any) -> ActiveRun:
+        response = {"id": "resp_" + "b" * 48, "tools": [secrets.redact(spec)]}
+        return ActiveRun("resp_" + "b" * 48, {"response": response, **fact}, builder(), None, {}, 0)  # type: ignore[arg-type]
+
+    held_elsewhere = steps.registry(run_with(mcp_secret_labels=["counter"])).get("counter")
+    assert held_elsewhere is not None
+    result = await held_elsewhere.call("pick", "{}", "k")
+    assert result.output is None and result.error is not None and "SERVICE_SECRET_KEY" in result.error
+    sealed = run_with(mcp_secret_labels=["counter"], sealed_secrets={"counter": secrets.seal(key, spec)})
+    assert steps._headers(sealed, "counter") == {"Authorization": "Bearer sk-x"}
+    steps.headers["resp_" + "b" * 48] = {"counter": {"Authorization": "Bearer mem"}}
+    assert steps._headers(run_with(mcp_secret_labels=["counter"]), "counter") == {"Authorization": "Bearer mem"}
