@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 from cryptography.fernet import Fernet
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, wait_until_terminal
@@ -24,6 +24,7 @@ from tests.conftest import ServerProcess
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
 OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+OPENAI_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseItem)
 SECRET = "sk-SERVER-TOOLS-SECRET-77"
 # A short reasoning budget: the random model's free text is cut after a few tokens, so a forced call comes soon.
 BUDGET = {"SERVICE_REASONING_TOKENS_LOW": "6", "SERVICE_REASONING_TOKENS_MEDIUM": "6"}
@@ -261,6 +262,10 @@ def test_approval_request_then_approve_or_refuse(
     assert len(calls_to(mcp_server, "pick")) == before + 1, "exactly the approved call"
     assert not any(item.type == "mcp_list_tools" for item in approved.output), "listed by the earlier turn"
     assert_openai_strict(server.url, approved.id)
+    listed_inputs = httpx.get(f"{server.url}/v1/responses/{approved.id}/input_items", timeout=30).json()["data"]
+    assert [item["type"] for item in listed_inputs] == ["mcp_approval_response"]
+    for item in listed_inputs:
+        OPENAI_ITEM.validate_json(json.dumps(item), strict=True)
     refused = client.responses.create(
         previous_response_id=asked.id,
         input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}],
