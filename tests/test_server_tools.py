@@ -105,10 +105,18 @@ def test_mcp_list_and_forced_call_round_trip(
         input="and now?",
         previous_response_id=response.id,
         tools=[mcp_tool(mcp_server, authorization=SECRET)],
-        tool_choice="none",
         max_output_tokens=4,
     )
-    assert not any(item.type == "mcp_list_tools" for item in follow.output)
+    assert follow.output and not any(item.type == "mcp_list_tools" for item in follow.output)
+    # The same through a conversation: listed on its first turn only.
+    conversation = client.conversations.create()
+    turns = [
+        client.responses.create(
+            input=text, conversation=conversation.id, tools=[mcp_tool(mcp_server)], max_output_tokens=4
+        )
+        for text in ("one", "two")
+    ]
+    assert [[item.type for item in turn.output].count("mcp_list_tools") for turn in turns] == [1, 0]
     server.stop()
     assert_secret_absent(database_url)
 
