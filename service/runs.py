@@ -92,6 +92,7 @@ class RunSupervisor:
             return
         self._stopping = True
         self._wake.set()
+        in_tool_calls = list(self._tool_runs)  # handed back too: whoever claims them retries the call
         for task in [*self._tasks, *self._tool_tasks]:
             task.cancel()
         for task in [*self._tasks, *self._tool_tasks]:
@@ -99,9 +100,9 @@ class RunSupervisor:
                 await task
         with contextlib.suppress(Exception):
             await self._drain(wait=True)
-        if self.active:
+        if self.active or in_tool_calls:
             with contextlib.suppress(Exception):
-                await recorder.release(self.db, self.owner, list(self.active))
+                await recorder.release(self.db, self.owner, [*self.active, *in_tool_calls])
         for response_id in list(self.active):
             with contextlib.suppress(Exception):
                 await self._in_engine(self.runtime.engine.remove_sequence, response_id)
