@@ -107,6 +107,8 @@ class RunSupervisor:
             with contextlib.suppress(Exception):
                 await self._in_engine(self.runtime.engine.remove_sequence, response_id)
         self.active.clear()
+        with contextlib.suppress(Exception):
+            await self.tool_steps.connector.close()  # held MCP sessions
         self._engine_thread.shutdown(wait=True)
 
     def wake(self) -> None:

@@ -328,3 +328,19 @@ def test_server_tool_specs() -> None:
     # With a key, a background request may keep its secrets (sealed); foreground ones need no key.
     _check([{**mcp, "authorization": "tok"}], background=True, secret_key=secrets.new_key())
     _check([{**mcp, "authorization": "tok"}], background=False)
+
+
+async def test_one_session_per_url_and_headers_is_reused(mcp_server: McpServer) -> None:
+    mcp = connector()
+    before = len(mcp_server.calls())
+    await mcp.list_tools(mcp_server.url, {})
+    first = next(iter(mcp._sessions.values()))
+    result = await mcp.call(mcp_server.url, {}, "pick", {"color": "red"}, "key-reuse")
+    assert result.output == "picked red" and len(mcp_server.calls()) == before + 1
+    assert list(mcp._sessions.values()) == [first], "the listing's session served the call"
+    await mcp.list_tools(mcp_server.url, {"Authorization": "Bearer other"})
+    assert len(mcp._sessions) == 2, "other headers, other session"
+    failed = await mcp.call(mcp_server.url, {}, "no_such_tool", {}, "key-missing")
+    assert failed.error is not None
+    await mcp.close()
+    assert not mcp._sessions and first.task is not None and first.task.done()
