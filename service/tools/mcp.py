@@ -146,7 +146,13 @@ class McpConnector:
             async with self._client(url, headers) as client:
                 held.client = client
                 held.ready.set()
-                await held.closing.wait()
+                while True:  # until asked to close, or unused for idle_seconds
+                    try:
+                        await asyncio.wait_for(held.closing.wait(), timeout=self.idle_seconds)
+                        break
+                    except TimeoutError:
+                        if time.monotonic() - held.last_used >= self.idle_seconds:
+                            break
         except BaseException as exc:  # noqa: BLE001 (kept for the operation that waits for the session)
             held.error = exc
         finally:
