@@ -30,7 +30,7 @@ class ServerCall:
     name: str  # the MCP tool's name ("" for python)
 
 
-def classify(recipient: str | None, tools: list[dict[str, Any]], *, approved: bool = False) -> ServerCall | None:
+def classify(recipient: str | None, tools: list[dict[str, Any]]) -> ServerCall | None:
     """The server-side call a recipient addresses in a response offering `tools`, or None (a client tool)."""
     if not recipient:
         return None
@@ -42,7 +42,7 @@ def classify(recipient: str | None, tools: list[dict[str, Any]], *, approved: bo
     spec = next((t for t in tools if t.get("type") == "mcp" and t.get("server_label") == label), None)
     if spec is None:
         return None
-    needs_approval = not approved and approval_required(spec, name)
+    needs_approval = approval_required(spec, name)
     return ServerCall("mcp_approval_request" if needs_approval else "mcp_call", label, name)
 
 
