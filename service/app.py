@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
         state.draining = asyncio.Event()
         state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
+        supervisor.tool_steps.sandbox_unavailable = state.sandbox_unavailable
         state.commands = Commands(db, model, supervisor, notifier, settings)
         state.authenticator = Authenticator(db, settings.api_key)
         await state.authenticator.required()  # read while the store is surely up

@@ -12,6 +12,7 @@ import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
+from service import tool_setup
 from service.config import Settings
 from service.constraints.plan import constraint_spec
 from service.conversations.service import Conversations
@@ -34,6 +35,9 @@ from service.runs import RunSupervisor
 from service.store import leases, read_models, recorder
 from service.store.schema import DEFAULT_PROJECT
 from service.stream_builder import StreamBuilder
+from service.tool_setup import PreparedTools
+from service.tool_steps import approved_prompt
+from service.tools.secrets import redact
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,17 @@ class Commands:
         await self._check_run_limits(project)
         response_id = new_response_id()
         input_items = normalize_input(request, response_id)
-        prompt_request, prompt_ids, tools, effort = await self._prompt(request, input_items, project=project)
+        prompt_request, prompt_ids, tools, effort, server_tools = await self._prompt(
+            request, input_items, project=project
+        )
+        if server_tools.approved_call is not None:
+            approved = approved_prompt(prompt_ids, self.runtime.chat_format)
+            if approved is None:
+                raise InvalidRequest(
+                    "An approving mcp_approval_response must be the last input item, right after its request.",
+                    param="input",
+                )
+            prompt_ids = approved
         constraints = await self._constraints(request, prompt_request)
         room = self.runtime.engine.max_context - len(prompt_ids)
         # Like OpenAI: without max_output_tokens a run may use what remains of the context window.
@@ -89,7 +103,7 @@ class Commands:
             response["conversation"] = {"id": conversation_id}
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         fact = {
-            "request": request.model_dump(mode="json", exclude_none=True),
+            "request": _redacted(request.model_dump(mode="json", exclude_none=True)),
             "response": response,
             "prompt_items": prompt_request.items,
             "instructions": request.instructions,
@@ -101,6 +115,7 @@ class Commands:
             **({"conversation_id": conversation_id} if conversation_id is not None else {}),
             # truncation='auto' may have dropped some of them from the prompt: keep them for the projections.
             **({"input_items": input_items} if prompt_request.items[-len(input_items) :] != input_items else {}),
+            **server_tools.fact_fields(),
             "store": request.store,
             "project": project,  # the owner, in the log, so that a rebuild keeps it
             "logprobs": wants_logprobs(request),
@@ -115,6 +130,8 @@ class Commands:
             ),
         }
         created_event = StreamBuilder(response).created()[0]
+        if server_tools.headers:  # in memory for the run; a background run also has them sealed in the fact
+            self.supervisor.tool_steps.headers[response_id] = server_tools.headers
         with metrics.EVENT_APPEND.labels("create").time():
             await recorder.create_response(
             self.db,
@@ -144,7 +161,7 @@ class Commands:
 
     async def _prompt(
         self, request: CreateResponseRequest, input_items: list[dict[str, Any]], *, project: str
-    ) -> tuple[PromptRequest, list[int], list[Any], Literal["low", "medium", "high"]]:
+    ) -> tuple[PromptRequest, list[int], list[Any], Literal["low", "medium", "high"], PreparedTools]:
         """The rendered prompt (history from previous_response_id or the conversation, then the input)."""
         history: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
@@ -154,11 +171,24 @@ class Commands:
             history = await Conversations(self.db).history(conversation_id, project=project)
         _check_call_ids(history, input_items)
         tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
+        steps = self.supervisor.tool_steps
+        server_tools = await tool_setup.prepare(
+            tools,
+            history=history,
+            input_items=input_items,
+            background=request.background,
+            settings=self.settings,
+            connector=steps.connector,
+            sandbox_unavailable=steps.sandbox_unavailable,
+            chat_format=self.runtime.chat_format.name,
+        )
+        # The model sees function and custom tools as given, and each server's tools in its namespace.
+        tools = [t for t in tools if t not in tool_setup.server_specs(tools)] + server_tools.model_tools
         effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
         prompt_request, prompt_ids = await self._render_to_fit(
             history + input_items, request, tools=tools, effort=effort
         )
-        return prompt_request, prompt_ids, tools, effort
+        return prompt_request, prompt_ids, tools, effort, server_tools
 
     async def count_input_tokens(self, request: CreateResponseRequest, *, project: str) -> int:
         """`usage.input_tokens` the same create request would report (same history, rendering, truncation)."""
@@ -168,7 +198,7 @@ class Commands:
                 param="model",
             )
         response_id = new_response_id()
-        _, prompt_ids, _, _ = await self._prompt(request, normalize_input(request, response_id), project=project)
+        _, prompt_ids, _, _, _ = await self._prompt(request, normalize_input(request, response_id), project=project)
         return len(prompt_ids)
 
     async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
@@ -295,9 +325,7 @@ class Commands:
             await self.notifier.wait(response_id, timeout=self.settings.poll_interval_seconds)
 
     async def delete(self, response_id: str, *, project: str) -> None:
-        if not is_response_id(response_id) or not await recorder.delete_response(
-            self.db, response_id, project=project
-        ):
+        if not is_response_id(response_id) or not await recorder.delete_response(self.db, response_id, project=project):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         await self.notifier.publish([response_id])
 
@@ -349,3 +377,8 @@ def _response_format(request: CreateResponseRequest) -> dict[str, Any] | None:
     """text.format as the prompt shows it to the model (and the constraint enforces it)."""
     text_format = request.text.format if request.text is not None else None
     return text_format.model_dump(mode="json", exclude_none=True) if text_format is not None else None
+
+
+def _redacted(request: dict[str, Any]) -> dict[str, Any]:
+    """The request as logged: MCP `headers`/`authorization` removed (kept sealed apart, or in memory)."""
+    return {**request, "tools": [redact(tool) for tool in request.get("tools") or []]}

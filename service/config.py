@@ -57,6 +57,8 @@ class Settings(BaseModel):
     sandbox_cpu_seconds: int = Field(default=5, ge=1)
     sandbox_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
     sandbox_processes: int = Field(default=32, ge=1)
+    # The longest code a code_interpreter call may hold (the decoder closes the call there); None: no bound.
+    code_interpreter_max_code_chars: int | None = Field(default=None, ge=1)
     # Limits (see service/limits.py). Requests per minute per key (0 = no limit; unauthenticated
     # loopback use is not rate-limited), runs queued or generating per project, runs queued or
     # generating in all (503 beyond), open event streams on one response.

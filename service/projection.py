@@ -53,6 +53,10 @@ def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         output[event["output_index"]]["arguments"] += event["delta"]
     elif kind == "response.custom_tool_call_input.delta":
         output[event["output_index"]]["input"] += event["delta"]
+    elif kind == "response.mcp_call_arguments.delta":
+        output[event["output_index"]]["arguments"] += event["delta"]
+    elif kind == "response.code_interpreter_call_code.delta":
+        output[event["output_index"]]["code"] += event["delta"]
     return response
 
 

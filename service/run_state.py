@@ -8,9 +8,11 @@ next sequence number instead of storing the builder's state anywhere.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from service import agent_loop
 from service.engine.base import LogitsConstraint
 from service.projection import apply, project
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PromptRequest
@@ -18,6 +20,12 @@ from service.protocol import TERMINAL_EVENT_TYPES
 from service.store import event_log
 from service.store.recorder import RunWrite
 from service.stream_builder import Ending, StreamBuilder
+from service.tool_state import Segment
+
+# (token facts before it, kind, data) of a run's `tool_call_started` / `tool_call_result` facts.
+ToolFact = tuple[int, str, dict[str, Any]]
+# Tokens that feed a call's result back to the model: (namespace, name, output, error) -> token ids.
+ResultTokens = Callable[[str, str, str | None, str | None], list[int]]
 
 
 class ReplayDiverged(RuntimeError):
@@ -48,6 +56,8 @@ class ActiveRun:
     pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
     cancel_requested: bool = False
     token_facts: int = 0  # `tokens` facts logged or queued for this run
+    segment: Segment | None = None  # the agent loop's position (service/tool_state.py)
+    constraint: LogitsConstraint | None = None  # the current segment's
 
     @property
     def prompt_tokens(self) -> int:
@@ -93,21 +103,55 @@ def replay_run(
     logged: list[dict[str, Any]],
     chat_format: ChatFormat,
     constraint: LogitsConstraint | None,
+    *,
+    tool_facts: Sequence[ToolFact] = (),
+    next_constraint: Callable[[int], LogitsConstraint | None] | None = None,
+    result_tokens: ResultTokens | None = None,
 ) -> ActiveRun:
-    """Rebuild a run from its request fact, its token facts and its logged events; events the
-    replay regenerates beyond the log (e.g. `response.in_progress` of a run never started) are
-    left in `pending` to be appended."""
+    """Rebuild a run from its request fact, its token facts (and the tool facts between them) and its
+    logged events; events the replay regenerates beyond the log (e.g. `response.in_progress` of a run
+    never started) are left in `pending` to be appended. A logged tool result is fed back exactly as it
+    was the first time (service/tool_state.py), so the continuation is the same."""
     builder = StreamBuilder(fact["response"])
     parser = chat_format.new_parser()
-    regenerated = builder.created() + builder.in_progress()
+    regenerated = builder.created() + builder.in_progress() + builder.list_tools(fact.get("mcp_listed") or [])
+    approved = fact.get("approved_call")
+    if approved is not None:
+        regenerated += builder.start_approved_call(
+            approved["server_label"], approved["name"], approved["arguments"], approved["approval_request_id"]
+        )
+    max_calls = (fact.get("constraints") or {}).get("max_tool_calls") or 1_000_000
+    segment = Segment(list(fact["prompt_token_ids"]), calls=agent_loop.ToolCalls(response_id, max_calls))
     generated = 0
-    for data in token_facts:
+    pending_tools = list(tool_facts)
+
+    def apply_tool_facts(before: int) -> None:
+        nonlocal parser, constraint, regenerated
+        while pending_tools and pending_tools[0][0] <= before:
+            _, kind, data = pending_tools.pop(0)
+            assert segment.calls is not None
+            segment.calls.apply(kind, data)
+            if kind != agent_loop.RESULT or builder.pending_call is None:
+                continue
+            item = builder.pending_call
+            namespace = item.get("server_label", "python")
+            assert result_tokens is not None, "a run with tool results needs result_tokens"
+            tokens = result_tokens(namespace, item.get("name", ""), data.get("output"), data.get("error"))
+            regenerated += builder.tool_result(data.get("output"), data.get("error"), data.get("details"))
+            segment.next_segment(tokens)
+            parser = chat_format.new_parser()
+            constraint = next_constraint(segment.calls_made) if next_constraint is not None else None
+
+    for index, data in enumerate(token_facts):
+        apply_tool_facts(index)
         for position, token in enumerate(data["ids"]):
             if constraint is not None:
                 constraint.accept(token)
             logprobs = [data["logprobs"][position]] if "logprobs" in data else None
             regenerated += builder.feed(parser.feed(token), logprobs=logprobs)
+            segment.tokens.append(token)
             generated += 1
+    apply_tool_facts(len(token_facts))
     if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
         raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")
     pending = regenerated[len(logged) :]
@@ -122,6 +166,8 @@ def replay_run(
         generated,
         pending=pending,
         token_facts=len(token_facts),
+        segment=segment,
+        constraint=constraint,
     )
 
 

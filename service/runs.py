@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from service.store.faults import backoff_seconds, is_transient
 from service.store.leases import ClaimedRun
 from service.store.recorder import RunWrite, StepOutcome
 from service.stream_builder import Ending, StreamBuilder
+from service.tool_steps import RunLost, ToolSteps, tool_facts
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +68,11 @@ class RunSupervisor:
         # The engine is not thread-safe; one worker thread runs every engine call in order.
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
+        # The agent loop: runs out of the engine while a server-side tool call of theirs is executed.
+        self.tool_steps = ToolSteps(settings, runtime.chat_format)
+        self._tool_runs: dict[str, ActiveRun] = {}
+        self._tool_tasks: set[asyncio.Task[None]] = set()
+        self._commit_waiters: dict[int, list[asyncio.Future[bool]]] = {}  # id(RunWrite) -> waiters
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -86,20 +92,23 @@ class RunSupervisor:
             return
         self._stopping = True
         self._wake.set()
-        for task in self._tasks:
+        in_tool_calls = list(self._tool_runs)  # handed back too: whoever claims them retries the call
+        for task in [*self._tasks, *self._tool_tasks]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._tool_tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         with contextlib.suppress(Exception):
             await self._drain(wait=True)
-        if self.active:
+        if self.active or in_tool_calls:
             with contextlib.suppress(Exception):
-                await recorder.release(self.db, self.owner, list(self.active))
+                await recorder.release(self.db, self.owner, [*self.active, *in_tool_calls])
         for response_id in list(self.active):
             with contextlib.suppress(Exception):
                 await self._in_engine(self.runtime.engine.remove_sequence, response_id)
         self.active.clear()
+        with contextlib.suppress(Exception):
+            await self.tool_steps.connector.close()  # held MCP sessions
         self._engine_thread.shutdown(wait=True)
 
     def wake(self) -> None:
@@ -184,7 +193,7 @@ class RunSupervisor:
 
     async def _resume(self, claimed: ClaimedRun) -> None:
         rid = claimed.response_id
-        if rid in self.active:
+        if rid in self.active or rid in self._tool_runs:
             return  # ours already: its lease lapsed while the store was away, and the claim renewed it
         if claimed.claims > 1:
             metrics.LEASE_TAKEOVERS.inc()
@@ -194,19 +203,44 @@ class RunSupervisor:
             return  # deleted meanwhile
         fact = request_facts[0]
         token_facts = [f.data for f in facts if f.kind == "tokens"]
-        tokens = [t for data in token_facts for t in data["ids"]]  # for the engine's prefill
         cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
 
         constraint = self.runtime.new_constraint(prompt_request_from_fact(fact), fact.get("constraints"))
-        run = replay_run(rid, fact, token_facts, logged, self.runtime.chat_format, constraint)
+        run = replay_run(
+            rid,
+            fact,
+            token_facts,
+            logged,
+            self.runtime.chat_format,
+            constraint,
+            tool_facts=tool_facts(facts),
+            next_constraint=self.tool_steps.constraint_factory(self.runtime.new_constraint, fact),
+            result_tokens=self.tool_steps.result_tokens,
+        )
 
         if cancelled or (not claimed.background and claimed.claims > 1):
             # A foreground run whose worker died lost its client with it: record it as cancelled.
             await self._commit_alone(run, "cancelled")
             return
+        if run.pending:
+            write = run.write()
+            run.record(write, [])
+            self._enqueue([write])
+            await self._drain(wait=True)
+        if run.builder.pending_call is not None:  # its call has no logged result yet: (re)run it
+            self._start_tool_call(run)
+            return
+        await self._into_engine(run, self._commit_alone)
+
+    async def _into_engine(self, run: ActiveRun, end: Callable[..., Awaitable[None]]) -> None:
+        """Put a run (back) into the engine at its current segment (service/tool_state.py); `end` ends it
+        (from the run loop, `_commit_alone`; from a tool call's task, `_end_queued`)."""
+        rid, fact, segment = run.response_id, run.fact, run.segment
+        assert segment is not None
         sampling = fact["sampling"]
         params = SamplingParams(
-            max_new_tokens=sampling["max_new_tokens"],  # the engine counts the replayed tokens too
+            # The engine counts the replayed tokens too; earlier segments' tokens count against the cap.
+            max_new_tokens=sampling["max_new_tokens"] - segment.generated_before,
             temperature=sampling["temperature"],
             top_p=sampling["top_p"],
             seed=sampling["seed"],
@@ -215,22 +249,66 @@ class RunSupervisor:
             presence_penalty=sampling.get("presence_penalty", 0.0),
             stop_token_ids=self.runtime.chat_format.stop_token_ids(),
         )
+        if params.max_new_tokens <= len(segment.tokens):
+            await end(run, "length")
+            return
         try:
             await self._in_engine(
-                self.runtime.engine.add_sequence, rid, fact["prompt_token_ids"], params, constraint, tokens
+                self.runtime.engine.add_sequence, rid, segment.prompt, params, run.constraint, segment.tokens
             )
         except EngineError as exc:
-            too_long = len(fact["prompt_token_ids"]) + len(tokens) >= self.runtime.engine.max_context
+            too_long = len(segment.prompt) + len(segment.tokens) >= self.runtime.engine.max_context
             code = "context_length_exceeded" if too_long else "model_error"
-            await self._commit_alone(run, "failed", {"code": code, "message": str(exc)})
+            await end(run, "failed", {"code": code, "message": str(exc)})
             return
         self.active[rid] = run
         self.clock.started(rid)
-        if run.pending:
-            write = run.write()
-            run.record(write, [])
-            self._enqueue([write])
-            await self._drain(wait=True)
+
+    # -- the agent loop (service/tool_steps.py) -------------------------------------------------
+    def _start_tool_call(self, run: ActiveRun) -> None:
+        self._tool_runs[run.response_id] = run
+        task = asyncio.create_task(self._tool_call(run), name=f"tool-call-{run.response_id}")
+        self._tool_tasks.add(task)
+        task.add_done_callback(self._tool_tasks.discard)
+
+    async def _tool_call(self, run: ActiveRun) -> None:
+        rid = run.response_id
+        try:
+            await self.tool_steps.run_call(run, self._commit_and_wait)
+            run.parser = self.runtime.chat_format.new_parser()
+            assert run.segment is not None
+            run.constraint = self.tool_steps.constraint_factory(self.runtime.new_constraint, run.fact)(
+                run.segment.calls_made
+            )
+            self._tool_runs.pop(rid, None)
+            if run.cancel_requested:
+                await self._end_queued(run, "cancelled")
+            else:
+                await self._into_engine(run, self._end_queued)
+        except (RunLost, asyncio.CancelledError):
+            self._tool_runs.pop(rid, None)
+            raise
+        except Exception as exc:
+            log.exception("tool call of run %s failed", rid)
+            self._tool_runs.pop(rid, None)
+            with contextlib.suppress(RunLost):
+                await self._end_queued(run, "failed", {"code": "server_error", "message": f"tool call failed: {exc}"})
+        self.wake()
+
+    async def _end_queued(self, run: ActiveRun, ending: Ending, error: dict[str, str] | None = None) -> None:
+        """End a run from outside the run loop (a tool call's task): queue the terminal events and wait."""
+        write = run.write()
+        run.finish(write, ending, error)
+        if not await self._commit_and_wait(write):
+            raise RunLost(run.response_id)
+
+    async def _commit_and_wait(self, write: RunWrite) -> bool:
+        """Queue a write with the next group commit; True once committed, False if the run was lost."""
+        self._enqueue([write])
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._commit_waiters.setdefault(id(self._backlog[write.response_id]), []).append(future)
+        self.wake()
+        return await future
 
     async def _step(self) -> None:
         cancelled = [r for r in self.active.values() if r.cancel_requested]
@@ -259,6 +337,8 @@ class RunSupervisor:
 
     def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
         write = run.write()
+        if run.segment is not None:
+            run.segment.tokens.append(output.token_id)
         logprobs = [self._logprob_entry(output)] if run.fact.get("logprobs") else None
         write.facts.append(("tokens", {"ids": [output.token_id], **({"logprobs": logprobs} if logprobs else {})}))
         run.token_facts += 1
@@ -273,7 +353,10 @@ class RunSupervisor:
         run.record(write, run.builder.feed(chunks, logprobs=logprobs))
         if output.finish_reason is not None:
             self._forget(run.response_id, in_engine=False)
-            run.finish(write, output.finish_reason)
+            if output.finish_reason == "stop" and run.builder.pending_call is not None:
+                self._start_tool_call(run)  # a server-side call: executed, then the run continues
+            else:
+                run.finish(write, output.finish_reason)
         return write
 
     def _logprob_entry(self, output: TokenOutput) -> dict[str, Any]:
@@ -300,9 +383,11 @@ class RunSupervisor:
             with metrics.GROUP_COMMIT.time():
                 outcome = await self._commit_retrying(writes)
         except _GaveUp:
+            self._resolve_waiters(writes, set(w.response_id for w in writes))
             return
         except Exception:
             outcome = await self._commit_isolated(writes)
+        self._resolve_waiters(writes, outcome.lost)
         for rid in outcome.lost:
             log.warning("run %s is no longer ours; dropping it", rid)
             self._backlog.pop(rid, None)
@@ -409,11 +494,21 @@ class RunSupervisor:
             return
         await self.notifier.publish([response_id], {response_id: [stored(response_id, e) for e in write.events]})
 
+    def _resolve_waiters(self, writes: list[RunWrite], lost: set[str]) -> None:
+        for write in writes:
+            if write.terminal:
+                self.tool_steps.forget(write.response_id)
+            for future in self._commit_waiters.pop(id(write), []):
+                if not future.done():
+                    future.set_result(write.response_id not in lost)
+
     def _note_cancels(self, cancel_requested: dict[str, bool]) -> None:
-        """Flag owned runs whose cancel was requested; the loop ends them before its next step."""
+        """Flag owned runs whose cancel was requested; the loop ends them before its next step (a run in a
+        tool call, when the call returns)."""
         for rid, cancel in cancel_requested.items():
-            if cancel and rid in self.active:
-                self.active[rid].cancel_requested = True
+            run = self.active.get(rid) or self._tool_runs.get(rid)
+            if cancel and run is not None:
+                run.cancel_requested = True
                 self.wake()
 
     async def _commit_alone(self, run: ActiveRun, ending: Ending, error: dict[str, str] | None = None) -> None:
@@ -446,11 +541,14 @@ class RunSupervisor:
         """Renew leases between commits (long prefills) and notice cancels and lost runs."""
         while not self._stopping:
             await asyncio.sleep(self.settings.lease_seconds / 3)
-            if not self.active:
+            if not self.active and not self._tool_runs:
                 continue
             with contextlib.suppress(Exception):
                 async with self.db.begin() as connection:
                     owned = await leases.fence(
-                        connection, self.owner, list(self.active), lease_seconds=self.settings.lease_seconds
+                        connection,
+                        self.owner,
+                        [*self.active, *self._tool_runs],
+                        lease_seconds=self.settings.lease_seconds,
                     )
                 self._note_cancels(owned)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, OutputKind
 from service.protocol import derived_id
+from service.server_items import ITEM_PREFIX, ServerCall, ServerKind, classify, list_tools_item, mcp_error, new_item
 
 Event = dict[str, Any]
 Ending = Literal["stop", "length", "cancelled", "failed"]
@@ -25,7 +26,7 @@ _CUSTOM_CALL: Literal["custom_tool_call"] = "custom_tool_call"
 
 @dataclass
 class _OpenItem:
-    kind: OutputKind | Literal["custom_tool_call"]
+    kind: OutputKind | Literal["custom_tool_call"] | ServerKind
     item: dict[str, Any]
     output_index: int
     text: list[str] = field(default_factory=list)
@@ -48,6 +49,9 @@ class StreamBuilder:
         self._custom_tools = {
             tool.get("name") for tool in self.response.get("tools") or [] if tool.get("type") == "custom"
         }
+        # A server-side call whose arguments are complete and whose result is awaited (see tool_result).
+        self.pending_call: dict[str, Any] | None = None
+        self._pending_index = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def created(self) -> list[Event]:
@@ -100,6 +104,12 @@ class StreamBuilder:
         assert not self.finished, "a response has exactly one terminal event"
         self.finished = True
         out = self._close_open("completed" if ending == "stop" else "incomplete")
+        if self.pending_call is not None:  # the run ended while a server-side call was in flight
+            item, self.pending_call = self.pending_call, None
+            item["status"] = "incomplete"
+            out.append(
+                self._event("response.output_item.done", output_index=self._pending_index, item=copy.deepcopy(item))
+            )
         self.response["output"] = copy.deepcopy(self.output)
         self.response["usage"] = {
             "input_tokens": input_tokens,
@@ -132,6 +142,9 @@ class StreamBuilder:
         output_index = len(self.output)
         if chunk.kind == "function_call" and chunk.name in self._custom_tools:
             return self._start_custom_call(chunk.name or "", output_index)
+        server = classify(chunk.name, self.response.get("tools") or []) if chunk.kind == "function_call" else None
+        if server is not None:
+            return self._start_server_call(server.kind, server.namespace, server.name, output_index)
         item_id = derived_id(_ITEM_PREFIX[chunk.kind], self.response["id"], f"output:{output_index}")
         item: dict[str, Any]
         if chunk.kind == "message":
@@ -178,6 +191,62 @@ class StreamBuilder:
         self._carried_logprobs = []
         return [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
 
+    def _start_server_call(self, kind: ServerKind, namespace: str, name: str, output_index: int) -> list[Event]:
+        item_id = derived_id(ITEM_PREFIX[kind], self.response["id"], f"output:{output_index}")
+        item = new_item(
+            ServerCall(kind, namespace, name), item_id, self.response["id"], self.response.get("tools") or []
+        )
+        self.output.append(item)
+        self._open = _OpenItem(kind, item, output_index)
+        self._carried_logprobs = []
+        out = [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
+        if kind != "mcp_approval_request":
+            out.append(self._event(f"response.{kind}.in_progress", item_id=item_id, output_index=output_index))
+        return out
+
+    def start_approved_call(self, namespace: str, name: str, arguments: str, approval_request_id: str) -> list[Event]:
+        """An `mcp_call` the client approved in its request: complete from the start, awaiting its result."""
+        out = self._start_server_call("mcp_call", namespace, name, len(self.output))
+        assert self._open is not None
+        self._open.item["approval_request_id"] = approval_request_id
+        self._open.text.append(arguments)
+        return out + self._close_open("completed")
+
+    def list_tools(self, listed: list[dict[str, Any]]) -> list[Event]:
+        """`mcp_list_tools` items for the servers listed when the request was created."""
+        out: list[Event] = []
+        for entry in listed:
+            index = len(self.output)
+            item_id = derived_id(ITEM_PREFIX["mcp_list_tools"], self.response["id"], f"output:{index}")
+            item = list_tools_item(item_id, entry)
+            self.output.append(item)
+            out.append(self._event("response.output_item.added", output_index=index, item={**item, "tools": []}))
+            out.append(self._event("response.mcp_list_tools.in_progress", item_id=item_id, output_index=index))
+            ending = "failed" if item["error"] else "completed"
+            out.append(self._event(f"response.mcp_list_tools.{ending}", item_id=item_id, output_index=index))
+            out.append(self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))
+        return out
+
+    def tool_result(self, output: str | None, error: str | None, details: dict[str, Any] | None = None) -> list[Event]:
+        """The pending server-side call returned: its item is done."""
+        item, self.pending_call = self.pending_call, None
+        assert item is not None, "no server-side call is waiting for a result"
+        index, item_id = self._pending_index, item["id"]
+        if item["type"] == "code_interpreter_call":
+            logs = output if output is not None else (error or "")
+            item["outputs"] = [{"type": "logs", "logs": logs}]
+            item["status"] = "completed" if error is None else "failed"
+            ending = "completed"
+        else:
+            item["output"] = output
+            item["error"] = mcp_error(error) if error is not None else None
+            item["status"] = ending = "completed" if error is None else "failed"
+        self.output[index] = item
+        return [
+            self._event(f"response.{item['type']}.{ending}", item_id=item_id, output_index=index),
+            self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)),
+        ]
+
     def _delta(self, text: str) -> list[Event]:
         assert self._open is not None
         if not text:
@@ -207,6 +276,13 @@ class StreamBuilder:
         if self._open.kind == _CUSTOM_CALL:
             kind = "response.custom_tool_call_input.delta"
             return [self._event(kind, item_id=item_id, output_index=index, delta=text)]
+        if self._open.kind == "code_interpreter_call":
+            kind = "response.code_interpreter_call_code.delta"
+            return [self._event(kind, item_id=item_id, output_index=index, delta=text)]
+        if self._open.kind == "mcp_call":
+            return [self._event("response.mcp_call_arguments.delta", item_id=item_id, output_index=index, delta=text)]
+        if self._open.kind == "mcp_approval_request":
+            return []  # an approval request has no argument events; its done item carries them
         return [self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=text)]
 
     def _close_open(self, status: str) -> list[Event]:
@@ -216,6 +292,8 @@ class StreamBuilder:
         text = "".join(open_item.text)
         item, index, item_id = open_item.item, open_item.output_index, open_item.item["id"]
         out: list[Event] = []
+        if open_item.kind in ("mcp_call", "code_interpreter_call", "mcp_approval_request"):
+            return out + self._close_server_call(open_item, text, status)
         if open_item.kind == _CUSTOM_CALL:
             item["input"] = text
             out.append(
@@ -254,8 +332,36 @@ class StreamBuilder:
         out.append(self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))
         return out
 
+    def _close_server_call(self, open_item: _OpenItem, text: str, status: str) -> list[Event]:
+        """Arguments (code) complete: a call that is whole waits for its result (`pending_call`)."""
+        item, index, item_id = open_item.item, open_item.output_index, open_item.item["id"]
+        out: list[Event] = []
+        if open_item.kind == "code_interpreter_call":
+            item["code"] = text
+            out.append(
+                self._event("response.code_interpreter_call_code.done", item_id=item_id, output_index=index, code=text)
+            )
+        else:
+            item["arguments"] = text
+            if open_item.kind == "mcp_call":
+                out.append(
+                    self._event("response.mcp_call_arguments.done", item_id=item_id, output_index=index, arguments=text)
+                )
+        if open_item.kind == "mcp_approval_request":
+            return out + [self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item))]
+        if status != "completed":
+            item["status"] = "incomplete"
+            return out + [self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item))]
+        if open_item.kind == "code_interpreter_call":
+            item["status"] = "interpreting"
+            out.append(self._event("response.code_interpreter_call.interpreting", item_id=item_id, output_index=index))
+        else:
+            item["status"] = "calling"
+        self.pending_call, self._pending_index = item, index
+        return out
+
     @staticmethod
-    def _part(kind: OutputKind | Literal["custom_tool_call"], text: str) -> dict[str, Any]:
+    def _part(kind: str, text: str) -> dict[str, Any]:
         if kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
@@ -39,6 +39,19 @@ def build(ledger: Path) -> MCPServer:
         """Add two integers."""
         record("add", {"a": a, "b": b}, ctx)
         return str(a + b)
+
+    @server.tool()
+    def pick(color: Literal["red", "green", "blue"], ctx: Context) -> str:
+        """Pick a color (a bounded argument: even a random-weight model's call is short)."""
+        record("pick", {"color": color}, ctx)
+        return f"picked {color}"
+
+    @server.tool()
+    async def nap(ctx: Context) -> str:
+        """Take a few seconds, with no arguments (a random-weight model's call to it is `{}`)."""
+        record("nap", {}, ctx)
+        await asyncio.sleep(4)
+        return "rested"
 
     @server.tool()
     def echo(text: str, ctx: Context) -> str:

@@ -1,5 +1,6 @@
-"""Server-side tool types through the real server and the official client: each is refused with a 400 that
-says why, nothing of the refused request is stored (its MCP secret included), and the server stays healthy."""
+"""Tool types this server does not run, through the real server and the official client: each is refused with a
+400 that says why, nothing of the refused request is stored, and the server stays healthy. (MCP and the code
+interpreter run here: tests/test_server_tools.py.)"""
 
 from __future__ import annotations
 
@@ -16,17 +17,6 @@ SECRET = "sk-NEVER-STORED-42"
 REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"type": "web_search_preview"}, "does not offer web search"),
     ({"type": "file_search", "vector_store_ids": ["vs_1"]}, "does not offer file search"),
-    ({"type": "code_interpreter", "container": {"type": "auto"}}, "code interpreter"),
-    (
-        {
-            "type": "mcp",
-            "server_label": "counter",
-            "server_url": "http://127.0.0.1:9/mcp",
-            "require_approval": "never",
-            "authorization": SECRET,
-        },
-        "remote MCP servers",
-    ),
 ]
 
 
@@ -41,6 +31,11 @@ def test_server_tools_refused_clearly(server_factory: Any, database_url: str) ->
         assert body["param"] == "tools[1].type", body
         assert body["code"] == "unsupported_tool"
         assert says in body["message"]
+    # A refused MCP server (its URL is not http(s)): its secret is stored nowhere.
+    bad_mcp = {"type": "mcp", "server_label": "x", "server_url": "ftp://127.0.0.1/mcp", "authorization": SECRET}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(input="hi", max_output_tokens=4, tools=[function, bad_mcp])  # type: ignore[list-item]
+    assert raised.value.body["param"] == "tools[1].server_url"  # type: ignore[index]
     after = client.responses.create(input="still fine", max_output_tokens=2)
     assert after.status in ("completed", "incomplete")
     server.stop()

@@ -3,6 +3,7 @@ and the agent loop's exactly-once bookkeeping against real databases, including 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -328,3 +329,29 @@ def test_server_tool_specs() -> None:
     # With a key, a background request may keep its secrets (sealed); foreground ones need no key.
     _check([{**mcp, "authorization": "tok"}], background=True, secret_key=secrets.new_key())
     _check([{**mcp, "authorization": "tok"}], background=False)
+
+
+async def test_one_session_per_url_and_headers_is_reused(mcp_server: McpServer) -> None:
+    mcp = connector()
+    before = len(mcp_server.calls())
+    await mcp.list_tools(mcp_server.url, {})
+    first = next(iter(mcp._sessions.values()))
+    result = await mcp.call(mcp_server.url, {}, "pick", {"color": "red"}, "key-reuse")
+    assert result.output == "picked red" and len(mcp_server.calls()) == before + 1
+    assert list(mcp._sessions.values()) == [first], "the listing's session served the call"
+    await mcp.list_tools(mcp_server.url, {"Authorization": "Bearer other"})
+    assert len(mcp._sessions) == 2, "other headers, other session"
+    failed = await mcp.call(mcp_server.url, {}, "no_such_tool", {}, "key-missing")
+    assert failed.error is not None
+    await mcp.close()
+    assert not mcp._sessions and first.task is not None and first.task.done()
+
+
+async def test_an_idle_session_closes_itself(mcp_server: McpServer) -> None:
+    mcp = McpConnector(timeout_seconds=10, max_output_bytes=4096, idle_seconds=0.3)
+    await mcp.list_tools(mcp_server.url, {})
+    held = next(iter(mcp._sessions.values()))
+    assert held.task is not None
+    await asyncio.wait_for(held.task, timeout=10)  # closed by itself, unused
+    assert len(await mcp.list_tools(mcp_server.url, {})) >= 1  # a fresh session replaces it
+    await mcp.close()

@@ -23,6 +23,8 @@ from service.constraints.compiler import (
 from service.errors import InvalidRequest
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# The code interpreter's call target; "@" keeps it apart from a function tool named "python".
+PYTHON_TARGET = "@python"
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
 
 
@@ -67,6 +69,20 @@ def constraint_spec(
 
 
 def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
+    if tool.get("type") == "python":  # the code interpreter: plain code, addressed as `python`
+        limit = tool.get("max_code_chars")
+        grammar = GrammarSpec("regex", f"(?s:.{{0,{int(limit)}}})") if limit else None
+        return CallTarget(PYTHON_TARGET, True, grammar, f"tools[{index}]")
+    if tool.get("type") == "mcp_function":  # an MCP server's tool, addressed as `LABEL.NAME`
+        params = tool.get("parameters") or _ANY_OBJECT
+        if params.get("type") == "object" and "additionalProperties" not in params:
+            # The server declared its parameters: a well-formed call names no others.
+            params = {**params, "additionalProperties": False}
+        qualified = f"{tool['namespace']}.{tool['name']}"
+        return CallTarget(
+            qualified, False, GrammarSpec.json_schema(params, strict=False), f"tools[{index}].parameters",
+            GrammarSpec.json_schema(_ANY_OBJECT, strict=False),
+        )  # fmt: skip
     if tool.get("type") == "custom":
         fmt = tool.get("format") or {"type": "text"}
         grammar = GrammarSpec(fmt["syntax"], fmt["definition"]) if fmt.get("type") == "grammar" else None
@@ -91,6 +107,14 @@ def plan_from_spec(tools: list[dict[str, Any]], spec: dict[str, Any] | None) -> 
         if choice.get("type") == "allowed_tools":
             names = {ref["name"] for ref in choice.get("tools", [])}
             final = choice.get("mode") != "required"
+        elif choice.get("type") == "mcp":  # one tool of the server, or any of them
+            prefix = f"{choice['server_label']}."
+            names = {
+                t.name
+                for t in targets
+                if t.name.startswith(prefix) and choice.get("name") in (None, t.name[len(prefix) :])
+            }
+            final = False
         else:
             names = {choice["name"]}
             final = False

@@ -8,6 +8,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from service.http.openapi_tool_models import (
+    CodeInterpreterCall,
+    CodeInterpreterCodeDeltaEvent,
+    CodeInterpreterCodeDoneEvent,
+    McpApprovalRequest,
+    McpApprovalResponse,
+    McpCall,
+    McpCallArgumentsDeltaEvent,
+    McpCallArgumentsDoneEvent,
+    McpListTools,
+    ServerToolStatusEvent,
+)
 from service.protocol.tools import FunctionTool, FunctionToolChoice
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -100,10 +112,28 @@ class CustomToolCallOutput(BaseModel):
 
 
 OutputItem = Annotated[
-    OutputMessage | ReasoningOutputItem | FunctionCall | CustomToolCall, Field(discriminator="type")
+    OutputMessage
+    | ReasoningOutputItem
+    | FunctionCall
+    | CustomToolCall
+    | McpListTools
+    | McpCall
+    | McpApprovalRequest
+    | CodeInterpreterCall,
+    Field(discriminator="type"),
 ]
 InputItem = Annotated[
-    InputMessage | ReasoningOutputItem | FunctionCall | FunctionCallOutput | CustomToolCall | CustomToolCallOutput,
+    InputMessage
+    | ReasoningOutputItem
+    | FunctionCall
+    | FunctionCallOutput
+    | CustomToolCall
+    | CustomToolCallOutput
+    | McpListTools
+    | McpCall
+    | McpApprovalRequest
+    | McpApprovalResponse
+    | CodeInterpreterCall,
     Field(discriminator="type"),
 ]
 
@@ -382,6 +412,11 @@ class StreamEvent(BaseModel):
         | FunctionCallArgumentsDeltaEvent
         | FunctionCallArgumentsDoneEvent
         | CustomToolCallInputDeltaEvent
-        | CustomToolCallInputDoneEvent,
+        | CustomToolCallInputDoneEvent
+        | ServerToolStatusEvent
+        | McpCallArgumentsDeltaEvent
+        | McpCallArgumentsDoneEvent
+        | CodeInterpreterCodeDeltaEvent
+        | CodeInterpreterCodeDoneEvent,
         Field(discriminator="type"),
     ]

@@ -19,6 +19,7 @@ from openai_harmony import (
     Role,
     SystemContent,
     ToolDescription,
+    ToolNamespaceConfig,
 )
 
 from service.constraints.plan import DecodingPlan
@@ -26,6 +27,7 @@ from service.constraints.tokenizer import harmony_tokenizer
 from service.prompting.base import ConversationItem, FunctionTool, PromptRequest
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab
 from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputParser
+from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages
 from service.prompting.vocab import load_harmony
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
@@ -102,6 +104,18 @@ def response_format_section(fmt: dict[str, Any] | None) -> str:
     return ""
 
 
+def server_namespaces(tools: Sequence[FunctionTool]) -> list[ToolNamespaceConfig]:
+    """MCP tools (type `mcp_function`, with their server label as `namespace`) grouped per server."""
+    grouped: dict[str, list[ToolDescription]] = {}
+    descriptions: dict[str, str | None] = {}
+    for tool in tools:
+        if tool.get("type") != "mcp_function":
+            continue
+        grouped.setdefault(tool["namespace"], []).append(function_tool_description({**tool, "type": "function"}))
+        descriptions[tool["namespace"]] = tool.get("server_description")
+    return [ToolNamespaceConfig(name=n, description=descriptions[n], tools=t) for n, t in grouped.items()]
+
+
 def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
     """Conversation items -> Harmony messages (no system/developer header messages)."""
     names_by_call_id: dict[str, str] = {}
@@ -150,6 +164,8 @@ def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
                 .with_channel("commentary")
                 .with_recipient("assistant")
             )
+        elif kind in SERVER_ITEM_TYPES:
+            out += server_item_messages(item, items)
         else:
             raise ValueError(f"conversation item of type {kind!r} is not supported by the harmony format")
     return out
@@ -216,6 +232,8 @@ class HarmonyFormat:
 
     def system_message(self, request: PromptRequest) -> Message:
         content = SystemContent.new().with_reasoning_effort(_EFFORT[request.reasoning_effort])
+        if any(t.get("type") == "python" for t in request.tools):
+            content = content.with_python_tool()  # the code interpreter, as gpt-oss was trained to see it
         if self._model_identity is not None:
             content = content.with_model_identity(self._model_identity)
         if self._knowledge_cutoff is not None:
@@ -229,11 +247,16 @@ class HarmonyFormat:
         instructions = (request.instructions or "") + response_format_section(request.response_format)
         if not instructions and not tools:
             return None
+        namespaces = server_namespaces(request.tools)
+        if not instructions and not tools and not namespaces:
+            return None
         content = DeveloperContent.new()
         if instructions:
             content = content.with_instructions(instructions.lstrip("\n"))
         if tools:
             content = content.with_function_tools(tools)
+        for namespace in namespaces:  # MCP servers: their tools under the server label, like functions
+            content = content.with_tools(namespace)
         return Message.from_role_and_content(Role.DEVELOPER, content)
 
     def messages(self, request: PromptRequest) -> list[Message]:

@@ -119,7 +119,7 @@ class HarmonyVocab:
             headers.append((channel_seq + enc.encode("final") + [self.message], _FINAL, None))
         constrain = enc.encode(" <|constrain|>json", allowed_special="all")
         for name, custom in calls:
-            recipient = enc.encode(f"commentary to=functions.{name}")
+            recipient = enc.encode(f"commentary to={call_recipient(name)}")
             headers.append((channel_seq + recipient + ([] if custom else constrain) + [self.message], _CALL, name))
         root = _TrieNode()
         for seq, kind, call in headers:
@@ -131,6 +131,13 @@ class HarmonyVocab:
         if len(self._tries) < 1024:  # bound the cache; an evicted set is just rebuilt (cheap)
             self._tries[key] = root
         return root
+
+
+def call_recipient(name: str) -> str:
+    """Function tools are `functions.NAME`; MCP tools `LABEL.NAME`; the code interpreter `@python` is `python`."""
+    if name.startswith("@"):
+        return name[1:]
+    return name if "." in name else f"functions.{name}"
 
 
 def _frozen(ids: Iterable[int] | np.ndarray) -> np.ndarray:

@@ -77,8 +77,19 @@ class ReasoningItem(Strict):
     status: str | None = None
 
 
+class McpApprovalResponseItem(Strict):
+    """The client's answer to an `mcp_approval_request` of the previous response."""
+
+    type: Literal["mcp_approval_response"]
+    id: str | None = None
+    approval_request_id: str
+    approve: bool
+    reason: str | None = None
+
+
 InputItem = Annotated[
     MessageItem
+    | McpApprovalResponseItem
     | FunctionCallItem
     | FunctionCallOutputItem
     | CustomToolCallItem
@@ -95,6 +106,7 @@ ID_PREFIX = {
     "custom_tool_call": "ctc",
     "custom_tool_call_output": "ctco",
     "reasoning": "rs",
+    "mcp_approval_response": "mcpr",
 }
 
 
@@ -109,6 +121,10 @@ def item_text(item: ConversationItem) -> str | None:
         return f"{item.get('name')}({item.get('input')})"
     if kind in ("function_call_output", "custom_tool_call_output"):
         return str(item.get("output"))
+    if kind in ("mcp_call", "mcp_approval_request"):
+        return f"{item.get('server_label')}.{item.get('name')}({item.get('arguments')})"
+    if kind == "code_interpreter_call":
+        return str(item.get("code"))
     return None
 
 
@@ -124,4 +140,8 @@ def item_role(item: ConversationItem) -> str | None:
         return str(item.get("role"))
     if kind in ("function_call_output", "custom_tool_call_output"):
         return "tool"
-    return "assistant" if kind in ("function_call", "custom_tool_call", "reasoning") else None
+    if kind in ("function_call", "custom_tool_call", "reasoning", "mcp_call", "mcp_approval_request"):
+        return "assistant"
+    if kind == "code_interpreter_call":
+        return "assistant"
+    return "tool" if kind == "mcp_list_tools" else None

@@ -17,10 +17,11 @@ from service.protocol.items import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
+    McpApprovalResponseItem,
     MessageItem,
 )
 from service.protocol.text import TextConfig
-from service.protocol.tools import AllowedToolsChoice, Tool, ToolChoice, unoffered_tool
+from service.protocol.tools import AllowedToolsChoice, McpTool, McpToolChoice, Tool, ToolChoice, unoffered_tool
 
 
 class ReasoningConfig(Strict):
@@ -40,8 +41,8 @@ _NO_OP_INCLUDES = Literal[
     "web_search_call.action.sources",
     "message.input_image.image_url",
     "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs",
 ]
+
 
 class ConversationRef(Strict):
     id: str
@@ -78,7 +79,9 @@ class CreateResponseRequest(Strict):
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    include: list[Literal["message.output_text.logprobs"] | _NO_OP_INCLUDES] | None = None
+    include: list[Literal["message.output_text.logprobs", "code_interpreter_call.outputs"] | _NO_OP_INCLUDES] | None = (
+        None
+    )
     # A Conversation (its id, or {"id": …}) whose items are the history and which the response's items join.
     conversation: str | ConversationRef | None = None
     # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
@@ -179,7 +182,10 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
 def _check_tools(request: CreateResponseRequest) -> None:
     """tool_choice must name tools the request offers; names are unique (the model addresses tools by name)."""
     kinds: dict[str, str] = {}
+    labels = {tool.server_label for tool in request.tools if isinstance(tool, McpTool)}
     for index, tool in enumerate(request.tools):
+        if not hasattr(tool, "name"):
+            continue  # server tools (mcp, code_interpreter): checked by service/tools/specs.py
         if tool.name in kinds:
             raise InvalidRequest(f"Duplicate tool name '{tool.name}'.", param=f"tools[{index}].name")
         kinds[tool.name] = tool.type
@@ -195,6 +201,11 @@ def _check_tools(request: CreateResponseRequest) -> None:
                     f"Tool '{ref.name}' of type '{ref.type}' in allowed_tools is not in 'tools'.",
                     param=f"tool_choice.tools[{index}]",
                 )
+    elif isinstance(choice, McpToolChoice):
+        if choice.server_label not in labels:
+            raise InvalidRequest(
+                f"Tool choice names MCP server '{choice.server_label}', which is not in 'tools'.", param="tool_choice"
+            )
     elif not isinstance(choice, str) and kinds.get(choice.name) != choice.type:
         raise InvalidRequest(
             f"Tool choice '{choice.name}' of type '{choice.type}' not found in 'tools' parameter.",
@@ -304,6 +315,9 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
                     "status": "completed",
                 }
             )
+        elif isinstance(item, McpApprovalResponseItem):
+            answer = {"approval_request_id": item.approval_request_id, "approve": item.approve, "reason": item.reason}
+            out.append({"id": item_id, "type": "mcp_approval_response", **answer})
         else:
             reasoning_parts = [{"type": "reasoning_text", "text": part.text} for part in item.content or []]
             out.append({"id": item_id, "type": "reasoning", "summary": [], "content": reasoning_parts})

@@ -44,7 +44,8 @@ def initial_response(
         "tool_choice": request.tool_choice
         if isinstance(request.tool_choice, str)
         else request.tool_choice.model_dump(),
-        "tools": [tool.model_dump(exclude_none=False) for tool in request.tools],
+        # MCP secrets (headers, authorization) never reach the stored Response.
+        "tools": [tool.model_dump(exclude_none=False, exclude={"headers", "authorization"}) for tool in request.tools],
         "top_logprobs": request.top_logprobs or 0,
         "truncation": request.truncation or "disabled",
         "usage": None,

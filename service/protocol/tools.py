@@ -20,8 +20,7 @@ UNOFFERED_TOOL_TYPES: dict[str, str] = {
     "image_generation": "image generation",
     "local_shell": "a local shell",
 }
-# Run by the server (service/tools: MCP client, sandboxed interpreter, exactly-once agent loop); the run
-# supervisor does not drive that loop yet, so requests naming them are refused with this explanation.
+# Run by the server (service/tools: MCP client, sandboxed interpreter; service/tool_steps: the agent loop).
 SERVER_TOOL_TYPES: dict[str, str] = {"mcp": "remote MCP servers", "code_interpreter": "the code interpreter"}
 
 
@@ -36,11 +35,6 @@ def unoffered_tool(tools: object) -> tuple[int, str] | None:
         if kind in UNOFFERED_TOOL_TYPES:
             return index, (
                 f"This server does not offer {UNOFFERED_TOOL_TYPES[kind]} (tool type '{kind}'). "
-                "It calls 'function' and 'custom' tools through the client."
-            )
-        if kind in SERVER_TOOL_TYPES:
-            return index, (
-                f"This server does not run {SERVER_TOOL_TYPES[kind]} in responses yet (tool type '{kind}'). "
                 "It calls 'function' and 'custom' tools through the client."
             )
     return None
@@ -76,7 +70,40 @@ class CustomTool(Strict):
     format: Annotated[CustomTextFormat | CustomGrammarFormat, Field(discriminator="type")] | None = None
 
 
-Tool = Annotated[FunctionTool | CustomTool, Field(discriminator="type")]
+class McpToolNames(Strict):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(Strict):
+    always: McpToolNames | None = None
+    never: McpToolNames | None = None
+
+
+class McpTool(Strict):
+    """A remote MCP server the service calls (service/tools/specs.py checks its URL against policy)."""
+
+    type: Literal["mcp"]
+    server_label: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+    server_url: Annotated[str, Field(min_length=1, max_length=2048)]
+    server_description: str | None = None
+    allowed_tools: list[str] | McpToolNames | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    headers: dict[str, str] | None = None
+    authorization: str | None = None
+
+
+class AutoContainer(Strict):
+    type: Literal["auto"]
+    file_ids: list[str] | None = None
+
+
+class CodeInterpreterTool(Strict):
+    type: Literal["code_interpreter"]
+    container: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")] | AutoContainer
+
+
+Tool = Annotated[FunctionTool | CustomTool | McpTool | CodeInterpreterTool, Field(discriminator="type")]
 
 
 class FunctionToolChoice(Strict):
@@ -87,6 +114,14 @@ class FunctionToolChoice(Strict):
 class CustomToolChoice(Strict):
     type: Literal["custom"]
     name: str
+
+
+class McpToolChoice(Strict):
+    """Force a call to an MCP server's tool (`name`), or to one of its tools."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
 
 
 class AllowedToolRef(Strict):
@@ -104,5 +139,5 @@ class AllowedToolsChoice(Strict):
 
 ToolChoice = (
     Literal["auto", "none", "required"]
-    | Annotated[FunctionToolChoice | CustomToolChoice | AllowedToolsChoice, Field(discriminator="type")]
+    | Annotated[FunctionToolChoice | CustomToolChoice | McpToolChoice | AllowedToolsChoice, Field(discriminator="type")]
 )

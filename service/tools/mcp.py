@@ -11,8 +11,9 @@ import asyncio
 import ipaddress
 import json
 import socket
-from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -113,42 +114,125 @@ def _addresses(host: str, *, resolve: bool) -> list[ipaddress.IPv4Address | ipad
     return found
 
 
-class McpConnector:
-    """Opens a streamable-HTTP session per operation with the request's headers (never logged)."""
+@dataclass
+class _HeldSession:
+    """A live MCP client session, held open by its own task (anyio scopes must exit in the task that
+    entered them); operations of any task use it until it is closed."""
 
-    def __init__(self, *, timeout_seconds: float, max_output_bytes: int) -> None:
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    client: Client | None = None
+    error: BaseException | None = None
+    last_used: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+
+class McpConnector:
+    """Keeps one streamable-HTTP session per (url, headers), closed after `idle_seconds` unused or after an
+    error; headers are never logged."""
+
+    def __init__(self, *, timeout_seconds: float, max_output_bytes: int, idle_seconds: float = 60.0) -> None:
         self.timeout_seconds = timeout_seconds
         self.max_output_bytes = max_output_bytes
+        self.idle_seconds = idle_seconds
+        self._sessions: dict[tuple[str, tuple[tuple[str, str], ...]], _HeldSession] = {}
 
     def _client(self, url: str, headers: Mapping[str, str]) -> Client:
         http = httpx2.AsyncClient(headers=dict(headers), timeout=self.timeout_seconds)
         return Client(streamable_http_client(url, http_client=http), read_timeout_seconds=self.timeout_seconds)
 
+    async def _hold(self, held: _HeldSession, url: str, headers: Mapping[str, str]) -> None:
+        try:
+            async with self._client(url, headers) as client:
+                held.client = client
+                held.ready.set()
+                while True:  # until asked to close, or unused for idle_seconds
+                    try:
+                        await asyncio.wait_for(held.closing.wait(), timeout=self.idle_seconds)
+                        break
+                    except TimeoutError:
+                        if time.monotonic() - held.last_used >= self.idle_seconds:
+                            break
+        except BaseException as exc:  # noqa: BLE001 (kept for the operation that waits for the session)
+            held.error = exc
+        finally:
+            held.client = None
+            held.ready.set()
+
+    async def _session(self, url: str, headers: Mapping[str, str]) -> tuple[Client, Callable[[], None]]:
+        """A live session and the function that discards it (after an error)."""
+        now = time.monotonic()
+        for key, idle in list(self._sessions.items()):
+            if now - idle.last_used > self.idle_seconds:
+                idle.closing.set()
+                del self._sessions[key]
+        key = (url, tuple(sorted(headers.items())))
+        held = self._sessions.get(key)
+        if held is None or (held.task is not None and held.task.done()):
+            held = _HeldSession(last_used=now)
+            held.task = asyncio.create_task(self._hold(held, url, headers), name=f"mcp-session {_origin(url)}")
+            self._sessions[key] = held
+        await held.ready.wait()
+
+        def discard() -> None:
+            held.closing.set()
+            if self._sessions.get(key) is held:
+                del self._sessions[key]
+
+        if held.client is None:
+            discard()
+            raise held.error or McpServerError("The MCP session closed.")
+        held.last_used = time.monotonic()
+        return held.client, discard
+
+    async def close(self) -> None:
+        """Close every held session (at shutdown)."""
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for held in sessions:
+            held.closing.set()
+        await asyncio.gather(*(h.task for h in sessions if h.task is not None), return_exceptions=True)
+
     async def list_tools(self, url: str, headers: Mapping[str, str]) -> list[McpToolInfo]:
         async def run() -> list[McpToolInfo]:
-            tools: list[McpToolInfo] = []
-            async with self._client(url, headers) as client:
-                cursor: str | None = None
-                while True:
-                    page = await client.list_tools(cursor=cursor)
-                    for tool in page.tools:
-                        annotations = tool.annotations.model_dump(exclude_none=True) if tool.annotations else None
-                        tools.append(McpToolInfo(tool.name, tool.description, dict(tool.input_schema), annotations))
-                    cursor = page.next_cursor
-                    if not cursor:
-                        return tools
+            for attempt in (1, 2):  # listing is safe to repeat: once more on a fresh session if a held one failed
+                client, discard = await self._session(url, headers)
+                try:
+                    return await self._list(client)
+                except Exception:
+                    discard()
+                    if attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
 
         return await self._guard(run(), f"listing the tools of {_origin(url)}")
+
+    @staticmethod
+    async def _list(client: Client) -> list[McpToolInfo]:
+        tools: list[McpToolInfo] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            for tool in page.tools:
+                annotations = tool.annotations.model_dump(exclude_none=True) if tool.annotations else None
+                tools.append(McpToolInfo(tool.name, tool.description, dict(tool.input_schema), annotations))
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
 
     async def call(
         self, url: str, headers: Mapping[str, str], name: str, arguments: dict[str, Any], idempotency_key: str
     ) -> McpCallResult:
-        """Call one tool; a tool-level error (isError) is a result with `error`, not an exception."""
+        """Call one tool; a tool-level error (isError) is a result with `error`, not an exception. A failed
+        call is not repeated here (it may have run); its session is discarded."""
 
         async def run() -> McpCallResult:
-            async with self._client(url, headers) as client:
-                meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+            client, discard = await self._session(url, headers)
+            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+            try:
                 result = await client.call_tool(name, arguments, meta=meta)
+            except BaseException:
+                discard()
+                raise
             return self._result(result)
 
         try:

@@ -1,0 +1,162 @@
+"""The agent loop inside the run supervisor: a run whose model called a server-side tool leaves the
+engine, its call is executed exactly once per log (service/agent_loop.py), the result is logged with its
+events, and the run goes back into the engine with the result in its prompt (service/tool_state.py).
+
+Nothing here touches the engine or the database directly: the supervisor passes `commit` (append one
+write and return once it is committed) and takes the run back when `run_call` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service import agent_loop
+from service.config import Settings
+from service.engine.base import LogitsConstraint
+from service.prompting import harmony_tools
+from service.prompting.base import ChatFormat
+from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
+from service.server_items import container_id
+from service.store.event_log import StoredFact
+from service.store.recorder import RunWrite
+from service.tool_state import segment_constraint_spec
+from service.tools import sandbox_from_settings, secrets
+from service.tools.base import ToolResult
+from service.tools.code_interpreter import CodeInterpreter
+from service.tools.mcp import McpConnector
+from service.tools.registry import McpServerTool, ToolRegistry, allowed_tool_names
+
+Commit = Callable[[RunWrite], Awaitable[bool]]  # True once committed; False: the run is no longer ours
+
+
+class RunLost(Exception):
+    """The run's write was refused: another worker owns it now, or it was deleted."""
+
+
+def tool_facts(facts: list[StoredFact]) -> list[ToolFact]:
+    """The tool facts of a run, each with the number of `tokens` facts logged before it."""
+    out: list[ToolFact] = []
+    tokens = 0
+    for stored_fact in facts:
+        if stored_fact.kind == "tokens":
+            tokens += 1
+        elif stored_fact.kind in (agent_loop.STARTED, agent_loop.RESULT):
+            out.append((tokens, stored_fact.kind, stored_fact.data))
+    return out
+
+
+def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None, str | None], list[int]]:
+    encoding = getattr(chat_format, "encoding", None)
+
+    def result_tokens(namespace: str, name: str, output: str | None, error: str | None) -> list[int]:
+        if encoding is None:
+            raise RuntimeError("server-side tools need a Harmony model")
+        text = harmony_tools.result_text(output, error)
+        return harmony_tools.tool_result_tokens(encoding, harmony_tools.tool_author(namespace, name), text)
+
+    return result_tokens
+
+
+def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat) -> list[int] | None:
+    """The prompt of a run that starts by executing an approved call: it ends at that call's `<|call|>`
+    (the rendered completion suffix `<|start|>assistant` removed). None when it does not end so."""
+    encoding = getattr(chat_format, "encoding", None)
+    if encoding is None:
+        return None
+    suffix = list(encoding.encode("<|call|><|start|>assistant", allowed_special="all"))
+    if prompt_ids[-len(suffix) :] != suffix:
+        return None
+    return prompt_ids[: -len(suffix) + 1]
+
+
+@dataclass(frozen=True)
+class _Unavailable:
+    """A server whose call cannot be made here (its secrets are not readable): the call's error says why."""
+
+    reason: str
+
+    async def call(self, name: str, arguments: str, idempotency_key: str) -> ToolResult:
+        return ToolResult(None, self.reason)
+
+
+class ToolSteps:
+    def __init__(self, settings: Settings, chat_format: ChatFormat) -> None:
+        self.settings = settings
+        self.connector = McpConnector(
+            timeout_seconds=settings.tool_timeout_seconds, max_output_bytes=settings.tool_output_bytes
+        )
+        self.sandbox = sandbox_from_settings(settings)
+        self.sandbox_unavailable: str | None = None  # set at start-up (service.tools.report_sandbox)
+        self.result_tokens = result_tokens_for(chat_format)
+        # Foreground runs' MCP headers, in memory only (a foreground run does not outlive its process).
+        self.headers: dict[str, dict[str, dict[str, str]]] = {}
+
+    def constraint_factory(
+        self, new_constraint: Callable[..., LogitsConstraint | None], fact: dict[str, Any]
+    ) -> Callable[[int], LogitsConstraint | None]:
+        def make(calls_made: int) -> LogitsConstraint | None:
+            spec = segment_constraint_spec(fact.get("constraints"), calls_made)
+            return new_constraint(prompt_request_from_fact(fact), spec)
+
+        return make
+
+    def registry(self, run: ActiveRun) -> ToolRegistry:
+        registry = ToolRegistry()
+        tools: list[dict[str, Any]] = run.fact["response"].get("tools") or []
+        for spec in tools:
+            if spec.get("type") == "code_interpreter":
+                registry.add("python", CodeInterpreter(self.sandbox, container_id(run.response_id, tools)))
+            elif spec.get("type") == "mcp":
+                label = spec["server_label"]
+                try:
+                    headers = self._headers(run, label)
+                except secrets.SecretsUnreadable as exc:
+                    registry.add(label, _Unavailable(str(exc)))  # never call out without the client's secrets
+                    continue
+                registry.add(
+                    label, McpServerTool(self.connector, spec["server_url"], headers, allowed_tool_names(spec))
+                )
+        return registry
+
+    def _headers(self, run: ActiveRun, label: str) -> dict[str, str]:
+        remembered = self.headers.get(run.response_id, {}).get(label)
+        if remembered is not None:
+            return remembered
+        sealed = (run.fact.get("sealed_secrets") or {}).get(label)
+        if sealed is not None:
+            return secrets.request_headers(secrets.unseal(self.settings.secret_key, sealed))
+        if label in (run.fact.get("mcp_secret_labels") or []):
+            raise secrets.SecretsUnreadable(
+                f"The secrets of MCP server '{label}' were kept in the memory of the process that accepted this "
+                "request, which no longer runs it; set SERVICE_SECRET_KEY so that any replica can use them."
+            )
+        return {}
+
+    def forget(self, response_id: str) -> None:
+        self.headers.pop(response_id, None)
+
+    async def run_call(self, run: ActiveRun, commit: Commit) -> None:
+        """Execute the run's pending call (or reuse its logged result) and log the result with its events;
+        then the run's segment holds the continuation's prompt."""
+        item = run.builder.pending_call
+        assert item is not None and run.segment is not None and run.segment.calls is not None
+        namespace = "python" if item["type"] == "code_interpreter_call" else item["server_label"]
+        name = item.get("name", "")
+        body = item["code"] if item["type"] == "code_interpreter_call" else item["arguments"]
+        call = agent_loop.PlannedCall(run.segment.calls_made, namespace, name, body)
+
+        async def log_fact(kind: str, data: dict[str, Any]) -> None:
+            write = run.write()
+            write.facts.append((kind, data))
+            if kind == agent_loop.RESULT:
+                run.record(write, run.builder.tool_result(data.get("output"), data.get("error"), data.get("details")))
+            if not await commit(write):
+                raise RunLost(run.response_id)
+
+        registry = self.registry(run)
+        result = await agent_loop.execute(
+            run.segment.calls, call, registry, log_fact, timeout_seconds=self.settings.tool_timeout_seconds
+        )
+        run.segment.next_segment(self.result_tokens(namespace, name, result.output, result.error))
