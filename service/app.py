@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service import stream_record
 from service.commands import Commands
 from service.config import Settings
 from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.settings, state.db, state.runtime, state.notifier = settings, db, model, notifier
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
         state.draining = asyncio.Event()
+        state.stream_reader = stream_record.StreamReader(model.chat_format)  # fills compacted streams
         state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
         state.commands = Commands(db, model, supervisor, notifier, settings)
         state.authenticator = Authenticator(db, settings.api_key)
@@ -69,6 +71,9 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
                 interval_seconds=settings.retention_sweep_seconds,
                 batch_size=settings.retention_batch_size,
                 compaction_grace=settings.log_compaction_grace_seconds,
+                compact_streams=lambda batch: stream_record.compact_streams(
+                    db, model.chat_format, window_seconds=settings.replay_window_seconds, batch_size=batch
+                ),
             ),
             name="retention-sweeper",
         )

@@ -47,7 +47,7 @@ class ActiveRun:
     generated: int
     pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
     cancel_requested: bool = False
-    token_facts: int = 0  # `tokens` facts logged or queued for this run
+    token_facts: int = 0  # token ids logged or queued for this run (in `tokens` facts)
 
     @property
     def prompt_tokens(self) -> int:
@@ -121,7 +121,7 @@ def replay_run(
         project(logged + pending),
         generated,
         pending=pending,
-        token_facts=len(token_facts),
+        token_facts=generated,
     )
 
 

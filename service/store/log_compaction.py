@@ -13,22 +13,13 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import event_log
 from service.store.schema import responses, run_facts, runs
-
-
-def merge_token_facts(facts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One `tokens` fact equal, for replay, to the sequence of `facts` (pure)."""
-    ids = [token for fact in facts for token in fact["ids"]]
-    merged: dict[str, Any] = {"ids": ids}
-    if any("logprobs" in fact for fact in facts):
-        merged["logprobs"] = [entry for fact in facts for entry in fact.get("logprobs", [None] * len(fact["ids"]))]
-    return merged
+from service.store.token_facts import merge_token_facts
 
 
 async def compact_finished_runs(
