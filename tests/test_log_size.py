@@ -1,4 +1,4 @@
-"""Log compaction end to end: after runs end, their per-step `tokens` facts are folded into one
+"""Log compaction end to end: after runs end, their `tokens` facts (chunks of ids) are folded into one
 per run; the streams a client replays are byte-identical, replay of the facts still reproduces
 the logged events, `doctor` passes and `rebuild-projections` gives the same tables. The log
 shrinks (bytes of `run_facts` per generated token, measured and printed)."""
@@ -85,7 +85,7 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
     facts_sql = "SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM run_facts WHERE kind = 'tokens'"
     ((rows_before, bytes_before),) = _query(database_url, facts_sql)
     generated = sum(r["usage"]["output_tokens"] for r in responses.values())
-    assert len(ids) < rows_before < generated  # a few chunks per run while live, not one per token
+    assert len(ids) <= rows_before < generated  # a few chunks per run while live, not one per token
 
     server = server_factory(
         database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="0", SERVICE_RETENTION_SWEEP_SECONDS="0.2"
