@@ -16,6 +16,7 @@ projections and `rebuild-projections` (which fold the terminal snapshot) are unc
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -143,7 +144,9 @@ class StreamReader:
         kept = await event_log.read_events(connection, response_id)
         if not kept or kept[-1].type not in TERMINAL_EVENT_TYPES:
             return None
-        events = regenerate(response_id, loaded[0], loaded[1], kept[-1].payload(), self.chat_format)
+        events = await asyncio.to_thread(
+            regenerate, response_id, loaded[0], loaded[1], kept[-1].payload(), self.chat_format
+        )
         full = [StoredEvent(0, response_id, e["sequence_number"], e["type"], event_log.encode(e)) for e in events]
         self._cache[response_id] = full
         if len(self._cache) > self._cache_size:
@@ -184,21 +187,41 @@ async def compact_streams(
     return len(ids)
 
 
+def _verified(
+    response_id: str,
+    loaded: tuple[dict[str, Any], list[dict[str, Any]]],
+    stored: list[StoredEvent],
+    chat_format: ChatFormat,
+) -> bool:
+    """Whether regeneration gives back every stored event byte for byte (CPU only)."""
+    try:
+        replayed = regenerate(response_id, loaded[0], loaded[1], stored[-1].payload(), chat_format)
+    except Exception:  # noqa: BLE001 - not regenerable: keep the events as they are
+        return False
+    regenerated = [event_log.encode(e) for e in replayed]
+    return len(regenerated) == len(stored) and all(a == b.data for a, b in zip(regenerated, stored, strict=True))
+
+
 async def _compact_one(db: AsyncEngine, chat_format: ChatFormat, response_id: str) -> int:
-    async with db.begin() as connection:
-        await event_log.lock_for_append(connection)
+    # Read and regenerate outside any write transaction (in a thread: a long stream is CPU work), so
+    # writers never wait for it; the rewrite then checks the log is still what was verified.
+    async with db.connect() as connection:
         loaded = await _load(connection, response_id)
         stored = await event_log.read_events(connection, response_id)
-        if loaded is None or len(stored) < 3 or stored[-1].type not in TERMINAL_EVENT_TYPES:
-            return 0
-        request, token_facts = loaded
-        try:
-            replayed = regenerate(response_id, request, token_facts, stored[-1].payload(), chat_format)
-        except Exception:  # noqa: BLE001 - not regenerable: keep the events as they are
-            replayed = []
-        regenerated = [event_log.encode(e) for e in replayed]
-        if len(regenerated) != len(stored) or any(a != b.data for a, b in zip(regenerated, stored, strict=True)):
-            await event_log.append_fact(connection, response_id, SKIPPED_KIND, {})  # left as it is
+    if loaded is None or len(stored) < 3 or stored[-1].type not in TERMINAL_EVENT_TYPES:
+        return 0
+    verified = await asyncio.to_thread(_verified, response_id, loaded, stored, chat_format)
+    async with db.begin() as connection:
+        await event_log.lock_for_append(connection)
+        snapshot = (len(stored), stored[-1].position)
+        now = await connection.execute(
+            sa.select(sa.func.count(), sa.func.max(events.c.position)).where(events.c.response_id == response_id)
+        )
+        if tuple(now.one()) != snapshot:
+            return 0  # deleted or compacted meanwhile
+        if not verified:
+            log.info("the stream of %s does not regenerate from its tokens; it is kept as it is", response_id)
+            await event_log.append_fact(connection, response_id, SKIPPED_KIND, {})
             return 0
         await connection.execute(
             sa.delete(events).where(
@@ -214,7 +237,7 @@ async def _compact_one(db: AsyncEngine, chat_format: ChatFormat, response_id: st
             sa.insert(run_facts).values(
                 response_id=response_id,
                 kind=RECORD_KIND,
-                data=event_log.encode(encode_record(token_facts)),
+                data=event_log.encode(encode_record(loaded[1])),
                 created_at=datetime.now(UTC),
             )
         )
