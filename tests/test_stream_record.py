@@ -17,7 +17,10 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
-from service.store.db import create_engine
+from service.prompting.harmony import HarmonyFormat
+from service.store import event_log
+from service.store.db import create_engine, migrate
+from service.stream_record import StreamReader, decode_record, encode_record
 from tests.api_helpers import client_for
 from tests.conftest import ROOT, ServerProcess
 from tests.faults import doctor
@@ -123,3 +126,29 @@ def test_compacted_streams_replay_byte_identical(database_url: str, server_facto
         env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
     )
     assert [_query(database_url, sql) for sql in tables] == before
+
+
+def test_token_record_round_trip() -> None:
+    facts: list[dict[str, Any]] = [{"ids": [1, 2]}, {"ids": [3], "logprobs": [{"token": "x", "logprob": -1.0}]}]
+    record = encode_record(facts)
+    assert set(record) == {"zlib"}
+    assert decode_record(record) == {"ids": [1, 2, 3], "logprobs": [None, None, {"token": "x", "logprob": -1.0}]}
+
+
+def test_a_gap_without_a_record_is_left_for_the_tail_to_wait_on(database_url: str) -> None:
+    """An uncommitted event (not a compacted stream): the reader returns the rows as they are."""
+
+    async def run() -> list[int]:
+        await migrate(database_url)
+        db = create_engine(database_url)
+        try:
+            async with db.begin() as connection:
+                rows = [{"type": "response.output_text.delta", "sequence_number": n, "delta": "x"} for n in (0, 1, 3)]
+                await event_log.append_events(connection, "resp_gap", rows)
+            async with db.connect() as connection:
+                batch = await StreamReader(HarmonyFormat()).read_events(connection, "resp_gap", after=-1)
+            return [stored.sequence_number for stored in batch]
+        finally:
+            await db.dispose()
+
+    assert asyncio.run(run()) == [0, 1, 3]
