@@ -22,6 +22,7 @@ from service.commands import Commands
 from service.config import Settings
 from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable
 from service.http.auth import Authenticator, AuthMiddleware
+from service.http.compaction_routes import routes as compaction_routes
 from service.http.conversation_routes import routes as conversation_routes
 from service.http.routes import routes
 from service.limits import RateLimitMiddleware, RequestRateLimiter, SubscriberLimit
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             await db.dispose()
 
     return Starlette(
-        routes=conversation_routes + routes,
+        routes=compaction_routes + conversation_routes + routes,
         lifespan=lifespan,
         middleware=[
             Middleware(RequestContextMiddleware, routes=routes),

@@ -19,6 +19,7 @@ from service.conversations.service import Conversations
 from service.errors import InvalidRequest
 from service.http.auth import request_project
 from service.http.body import json_body
+from service.http.compaction_routes import manage_context, read_create_body
 from service.protocol import CreateResponseRequest, parse_create_request
 
 
@@ -106,7 +107,7 @@ def _count_request(body: object) -> CreateResponseRequest:
 
 
 async def count_input_tokens(request: Request) -> Response:
-    create = _count_request(await json_body(request))
+    create = await manage_context(request, _count_request(await read_create_body(request)))
     commands: Commands = request.app.state.commands
     count = await commands.count_input_tokens(create, project=request_project(request))
     return JSONResponse({"object": "response.input_tokens", "input_tokens": count})

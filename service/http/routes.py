@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
 from service.http.auth import request_project
-from service.http.body import json_body
+from service.http.compaction_routes import manage_context, read_create_body
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
 from service.limits import SubscriberLimit
@@ -34,7 +34,7 @@ def _commands(request: Request) -> Commands:
 async def create_response(request: Request) -> Response:
     commands = _commands(request)
     project = request_project(request)
-    create = parse_create_request(await json_body(request))
+    create = await manage_context(request, parse_create_request(await read_create_body(request)))
     created = await commands.create(create, project=project)
     response_id_var.set(created.response_id)
     if create.stream:
