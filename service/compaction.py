@@ -19,13 +19,27 @@ import hmac
 import json
 import secrets
 import zlib
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from service.errors import InvalidRequest
+from service.protocol.base import Strict
+from service.protocol.items import InputItem
 
 SUMMARY_CHARS = 400
 # Without SERVICE_SECRET_KEY, a key per process: compaction items then stop being valid at a restart.
 _PROCESS_KEY = secrets.token_bytes(32)
+
+
+class CompactRequest(Strict):
+    """The body of `POST /v1/responses/compact` (documents it; the route validates the same fields)."""
+
+    model: str
+    input: str | Annotated[list[InputItem], Field(min_length=1)] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
 
 
 def compaction_key(secret_key: str | None) -> bytes:

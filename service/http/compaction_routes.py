@@ -18,7 +18,7 @@ from service.http.body import json_body
 from service.protocol.ids import new_response_id
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
 
-_COMPACT_PARAMS = ("model", "input", "instructions", "previous_response_id", "prompt_cache_key")
+_COMPACT_PARAMS = tuple(compaction.CompactRequest.model_fields)
 
 
 def _key(request: Request) -> bytes:
