@@ -5,7 +5,7 @@ indexes included, after VACUUM) and PostgreSQL (`pg_total_relation_size` of even
 
 Runs the real server, creates `--responses` responses of up to `--tokens` tokens (ignore_eos is not
 available: short answers end early; the figures are per generated token), measures, lets the
-server's sweeper fold the token facts (grace 0), and measures again.
+server's sweeper compact the finished streams into token records (replay window 0), and measures again.
 """
 
 from __future__ import annotations
@@ -60,15 +60,17 @@ def log_bytes(database_url: str) -> int:
     return asyncio.run(query())
 
 
-def counts(database_url: str) -> tuple[int, int, int]:
-    async def query() -> tuple[int, int, int]:
+def counts(database_url: str) -> tuple[int, int, int, int]:
+    async def query() -> tuple[int, int, int, int]:
         db = create_engine(database_url)
         try:
             async with db.connect() as connection:
                 events = int(await connection.scalar(sa.text("SELECT COUNT(*) FROM events")) or 0)
                 facts = int(await connection.scalar(sa.text("SELECT COUNT(*) FROM run_facts")) or 0)
                 tokens = int(await connection.scalar(sa.text("SELECT SUM(output_tokens) FROM responses")) or 0)
-                return events, facts, tokens
+                sql = "SELECT COUNT(*) FROM run_facts WHERE kind IN ('token_record', 'not_compactable')"
+                records = int(await connection.scalar(sa.text(sql)) or 0)
+                return events, facts, tokens, records
         finally:
             await db.dispose()
 
@@ -81,7 +83,7 @@ def measure(database_url: str, responses: int, tokens: int, log_dir: Path) -> No
     for n in range(responses):
         client.responses.create(input=f"Write a long story about the number {n}.", max_output_tokens=tokens)
     server.stop()
-    events, facts, generated = counts(database_url)
+    events, facts, generated, _ = counts(database_url)
     live = log_bytes(database_url)
     print(f"{database_url.split(':')[0]}: {responses} responses, {generated} generated tokens")
     print(f"  live:      {events} events + {facts} facts, {live} bytes, {live / generated:.0f} bytes/token")
@@ -89,13 +91,14 @@ def measure(database_url: str, responses: int, tokens: int, log_dir: Path) -> No
         database_url,
         log_dir / "compact.log",
         SERVICE_LOG_COMPACTION_GRACE_SECONDS="0",
+        SERVICE_REPLAY_WINDOW_SECONDS="0",
         SERVICE_RETENTION_SWEEP_SECONDS="0.2",
     ).start()
-    deadline = time.monotonic() + 60
-    while counts(database_url)[1] > 2 * responses and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while counts(database_url)[3] < responses and time.monotonic() < deadline:
         time.sleep(0.2)
     server.stop()
-    events, facts, _ = counts(database_url)
+    events, facts, _, _ = counts(database_url)
     compacted = log_bytes(database_url)
     print(f"  compacted: {events} events + {facts} facts, {compacted} bytes, {compacted / generated:.0f} bytes/token")
 

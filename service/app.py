@@ -17,10 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service import stream_record
 from service.commands import Commands
 from service.config import Settings
 from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable
 from service.http.auth import Authenticator, AuthMiddleware
+from service.http.compaction_routes import routes as compaction_routes
 from service.http.conversation_routes import routes as conversation_routes
 from service.http.routes import routes
 from service.limits import RateLimitMiddleware, RequestRateLimiter, SubscriberLimit
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.settings, state.db, state.runtime, state.notifier = settings, db, model, notifier
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
         state.draining = asyncio.Event()
+        state.stream_reader = stream_record.StreamReader(model.chat_format)  # fills compacted streams
         state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
         supervisor.tool_steps.sandbox_unavailable = state.sandbox_unavailable
         state.commands = Commands(db, model, supervisor, notifier, settings)
@@ -70,6 +73,9 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
                 interval_seconds=settings.retention_sweep_seconds,
                 batch_size=settings.retention_batch_size,
                 compaction_grace=settings.log_compaction_grace_seconds,
+                compact_streams=lambda batch: stream_record.compact_streams(
+                    db, model.chat_format, window_seconds=settings.replay_window_seconds, batch_size=batch
+                ),
             ),
             name="retention-sweeper",
         )
@@ -82,7 +88,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             await db.dispose()
 
     return Starlette(
-        routes=conversation_routes + routes,
+        routes=compaction_routes + conversation_routes + routes,
         lifespan=lifespan,
         middleware=[
             Middleware(RequestContextMiddleware, routes=routes),

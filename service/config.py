@@ -43,6 +43,8 @@ class Settings(BaseModel):
     retention_batch_size: int = Field(default=100, ge=1)
     # A finished run's per-step `tokens` facts are folded into one this long after it was created.
     log_compaction_grace_seconds: float = Field(default=60.0, ge=0)
+    # After this long a finished response's events are compacted into one token record (service/stream_record.py).
+    replay_window_seconds: float = Field(default=86400.0, ge=0)
     api_key: str | None = None
     # Server-side tools. Comma-separated hosts MCP server_urls may name (`*.example.com` for subdomains);
     # empty = any host except link-local/metadata/reserved addresses.

@@ -55,7 +55,7 @@ class ActiveRun:
     generated: int
     pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
     cancel_requested: bool = False
-    token_facts: int = 0  # `tokens` facts logged or queued for this run
+    token_facts: int = 0  # token ids logged or queued for this run (in `tokens` facts)
     segment: Segment | None = None  # the agent loop's position (service/tool_state.py)
     constraint: LogitsConstraint | None = None  # the current segment's
 
@@ -165,7 +165,7 @@ def replay_run(
         project(logged + pending),
         generated,
         pending=pending,
-        token_facts=len(token_facts),
+        token_facts=generated,
         segment=segment,
         constraint=constraint,
     )

@@ -191,6 +191,29 @@ def test_input_tokens_equal_usage(database_url: str, server_factory: ServerFacto
         assert created.usage is not None and counted.input_tokens == created.usage.input_tokens, case
 
 
+def test_input_tokens_without_input_counts_the_history(database_url: str, server_factory: ServerFactory) -> None:
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    said: list[Any] = [{"type": "message", "role": "user", "content": "Hi, I am Bo."}]
+    conversation = client.conversations.create(items=said)
+    history_only = client.responses.input_tokens.count(conversation=conversation.id)
+    # The conversation's items render exactly as the same items sent as input.
+    assert history_only.input_tokens == client.responses.input_tokens.count(input=said).input_tokens
+    assert (
+        history_only.input_tokens
+        < client.responses.input_tokens.count(conversation=conversation.id, input="Who am I?").input_tokens
+    )
+    first = client.responses.create(input="Hello there", max_output_tokens=3)
+    chained = client.responses.input_tokens.count(previous_response_id=first.id)
+    assert first.usage is not None and chained.input_tokens >= first.usage.input_tokens
+    assert client.responses.input_tokens.count(previous_response_id=first.id, input="More").input_tokens > (
+        chained.input_tokens
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.input_tokens.count(instructions="Nothing to count")
+    assert refused.value.code == "missing_required_parameter" and refused.value.param == "input"
+
+
 def test_concurrent_runs_on_one_conversation_append_whole_blocks_in_commit_order(
     database_url: str, server_factory: ServerFactory
 ) -> None:

@@ -6,9 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store import event_log
+from service.protocol import derived_id
+from service.store import event_log, token_facts
 from service.store.db import create_engine, migrate
 
 
@@ -139,8 +141,42 @@ async def test_facts_are_kept_per_response_in_order(db: AsyncEngine) -> None:
         )
     async with db.connect() as connection:
         facts = await event_log.read_facts(connection, "resp_a")
-    assert [(f.kind, f.data) for f in facts] == [
-        ("request", {"x": 1}),
-        ("tokens", {"ids": [5]}),
-        ("tokens", {"ids": [6]}),
-    ]
+    # A run's token ids go into its current chunk: one `tokens` fact, not one per step.
+    assert [(f.kind, f.data) for f in facts] == [("request", {"x": 1}), ("tokens", {"ids": [5, 6]})]
+
+
+async def test_token_chunks_roll_over_and_keep_their_order(db: AsyncEngine) -> None:
+    steps = 2 * token_facts.CHUNK_CHARS // 6  # ~6 characters per id: about two chunks' worth
+    for step in range(steps):
+        async with db.begin() as connection:
+            await event_log.append_facts(connection, [("resp_a", "tokens", {"ids": [100_000 + step]})])
+    async with db.connect() as connection:
+        facts = await event_log.read_facts(connection, "resp_a")
+        counted = await event_log.count_tokens(connection, ["resp_a", "resp_none"])
+    assert 2 <= len(facts) <= 4
+    assert all(len(event_log.encode(f.data)) <= token_facts.CHUNK_CHARS + 8 for f in facts)
+    assert [t for f in facts for t in f.data["ids"]] == [100_000 + step for step in range(steps)]
+    assert counted == {"resp_a": steps, "resp_none": 0}
+
+
+async def test_deltas_are_stored_compact_and_read_as_sent(db: AsyncEngine) -> None:
+    rid = "resp_" + "cd" * 24
+    delta = {
+        "type": "response.output_text.delta",
+        "sequence_number": 0,
+        "item_id": derived_id("msg", rid, "output:0"),
+        "output_index": 0,
+        "content_index": 0,
+        "delta": "Hi",
+        "logprobs": [],
+    }
+    async with db.begin() as connection:
+        await event_log.append_events(connection, rid, [delta])
+    async with db.connect() as connection:
+        stored = (await connection.execute(sa.text("SELECT data FROM events"))).scalar_one()
+        (read,) = await event_log.read_events(connection, rid)
+        last = await event_log.last_event(connection, rid)
+        (all_read,) = await event_log.read_all_events(connection)
+    assert stored == '[0,"Hi"]'
+    assert last is not None
+    assert read.data == last.data == all_read.data == event_log.encode(delta)

@@ -41,6 +41,7 @@ def test_document_covers_every_route_and_every_openai_parameter(server: ServerPr
         "/v1/responses/{response_id}/cancel",
         "/v1/responses/{response_id}/input_items",
         "/v1/responses/input_tokens",
+        "/v1/responses/compact",
         "/v1/conversations",
         "/v1/conversations/{conversation_id}",
         "/v1/conversations/{conversation_id}/items",

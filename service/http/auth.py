@@ -17,10 +17,12 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.errors import Unauthorized
+from service.observability import project_var
 from service.store import keys
 from service.store.faults import is_transient
 from service.store.schema import DEFAULT_PROJECT
@@ -138,3 +140,11 @@ class AuthMiddleware:
 def project_of(state: object) -> str:
     """The project of a request (its `request.state`); the default one where no key is configured."""
     return str(getattr(state, "project", DEFAULT_PROJECT))
+
+
+def request_project(request: Request) -> str:
+    """The project of the request's key, for every query a route makes (see read_models.owned);
+    also tagged on the request's log lines."""
+    project = project_of(request.state)
+    project_var.set(project)
+    return project

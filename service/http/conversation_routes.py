@@ -17,9 +17,10 @@ from service.conversations.protocol import (
 )
 from service.conversations.service import Conversations
 from service.errors import InvalidRequest
+from service.http.auth import request_project
 from service.http.body import json_body
-from service.http.routes import _project
-from service.protocol import parse_create_request
+from service.http.compaction_routes import manage_context, read_create_body
+from service.protocol import CreateResponseRequest, parse_create_request
 
 
 def _conversations(request: Request) -> Conversations:
@@ -28,12 +29,12 @@ def _conversations(request: Request) -> Conversations:
 
 async def create_conversation(request: Request) -> Response:
     body = parse(CreateConversationRequest, await json_body(request))
-    return JSONResponse(await _conversations(request).create(body, project=_project(request)))
+    return JSONResponse(await _conversations(request).create(body, project=request_project(request)))
 
 
 async def conversation_resource(request: Request) -> Response:
     conversation_id = request.path_params["conversation_id"]
-    conversations, project = _conversations(request), _project(request)
+    conversations, project = _conversations(request), request_project(request)
     if request.method == "GET":
         return JSONResponse(await conversations.get(conversation_id, project=project))
     if request.method == "DELETE":
@@ -44,7 +45,7 @@ async def conversation_resource(request: Request) -> Response:
 
 async def conversation_items(request: Request) -> Response:
     conversation_id = request.path_params["conversation_id"]
-    conversations, project = _conversations(request), _project(request)
+    conversations, project = _conversations(request), request_project(request)
     _include(request)
     if request.method == "POST":
         body = parse(AddItemsRequest, await json_body(request))
@@ -64,7 +65,7 @@ async def conversation_items(request: Request) -> Response:
 
 async def conversation_item(request: Request) -> Response:
     conversation_id, item_id = request.path_params["conversation_id"], request.path_params["item_id"]
-    conversations, project = _conversations(request), _project(request)
+    conversations, project = _conversations(request), request_project(request)
     if request.method == "DELETE":
         return JSONResponse(await conversations.delete_item(conversation_id, item_id, project=project))
     _include(request)
@@ -90,11 +91,25 @@ def _include(request: Request) -> None:
             raise InvalidRequest(f"Invalid value for 'include': {value!r}.", param="include", code="invalid_value")
 
 
+def _count_request(body: object) -> CreateResponseRequest:
+    """A create request for counting: like OpenAI's, `input` may be left out when the history
+    (`conversation` or `previous_response_id`) is the whole prompt."""
+    if not isinstance(body, dict) or body.get("input") is not None:
+        return parse_create_request(body)
+    if body.get("conversation") is None and body.get("previous_response_id") is None:
+        raise InvalidRequest(
+            "Missing required parameter: 'input' (or 'conversation' or 'previous_response_id').",
+            param="input",
+            code="missing_required_parameter",
+        )
+    # Validated with a placeholder input, then counted with none.
+    return parse_create_request({**body, "input": "-"}).model_copy(update={"input": []})
+
+
 async def count_input_tokens(request: Request) -> Response:
-    body = await json_body(request)
-    create = parse_create_request(body)
+    create = await manage_context(request, _count_request(await read_create_body(request)))
     commands: Commands = request.app.state.commands
-    count = await commands.count_input_tokens(create, project=_project(request))
+    count = await commands.count_input_tokens(create, project=request_project(request))
     return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
 

@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service.compaction import CompactRequest
 from service.conversations.protocol import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
 from service.http import openapi_models as m
 from service.protocol import CreateResponseRequest
@@ -19,6 +20,8 @@ from service.protocol import CreateResponseRequest
 _REF = "#/components/schemas/{model}"
 _MODELS: list[type[BaseModel]] = [
     CreateResponseRequest,
+    CompactRequest,
+    m.CompactedResponse,
     m.ResponseObject,
     m.DeletedResponse,
     m.InputItemList,
@@ -139,6 +142,14 @@ def _paths() -> dict[str, Any]:
                 "Count the input tokens a create request would use",
                 _json(m.InputTokens, "The count"),
                 requestBody=body,
+            )
+        },
+        "/v1/responses/compact": {
+            "post": _operation(
+                "compactResponse",
+                "Compact a conversation: its user messages, then one sealed compaction item",
+                _json(m.CompactedResponse, "The compacted item list"),
+                requestBody=_body(CompactRequest),
             )
         },
         **_conversation_paths(),

@@ -260,6 +260,16 @@ class InputTokens(BaseModel):
     input_tokens: int
 
 
+class CompactedResponse(BaseModel):
+    """`POST /v1/responses/compact`: the user messages, then one `compaction` item."""
+
+    id: str
+    object: Literal["response.compaction"]
+    created_at: int
+    output: list[dict[str, Any]]
+    usage: Usage
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"]

@@ -13,12 +13,12 @@ from starlette.types import Receive, Scope, Send
 
 from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
-from service.http.auth import project_of
-from service.http.body import json_body
+from service.http.auth import request_project
+from service.http.compaction_routes import manage_context, read_create_body
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
 from service.limits import SubscriberLimit
-from service.observability import metrics_endpoint, project_var, response_id_var
+from service.observability import metrics_endpoint, response_id_var
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
 from service.store import event_log, read_models
 from service.store.db import head_revision, revision_of
@@ -31,17 +31,10 @@ def _commands(request: Request) -> Commands:
     return commands
 
 
-def _project(request: Request) -> str:
-    """The project of the request's key: passed into every query (see read_models.owned)."""
-    project = project_of(request.state)
-    project_var.set(project)
-    return project
-
-
 async def create_response(request: Request) -> Response:
     commands = _commands(request)
-    project = _project(request)
-    create = parse_create_request(await json_body(request))
+    project = request_project(request)
+    create = await manage_context(request, parse_create_request(await read_create_body(request)))
     created = await commands.create(create, project=project)
     response_id_var.set(created.response_id)
     if create.stream:
@@ -128,6 +121,7 @@ def _stream(
                 poll_interval=state.settings.poll_interval_seconds,
                 draining=state.draining,
                 outage_limit=state.settings.store_outage_seconds + 60,
+                read=state.stream_reader.read_events,
             ):
                 yield sse_frame(stored, obfuscate=obfuscate)
                 finished = stored.type in TERMINAL_EVENT_TYPES
@@ -164,7 +158,7 @@ class _HeldStream(StreamingResponse):
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     commands = _commands(request)
-    project = _project(request)
+    project = request_project(request)
     response_id_var.set(response_id)
     stream, after, obfuscate = _flag(request, "stream"), _starting_after(request), _flag(request, "include_obfuscation")
     response = await commands.get(response_id, project=project)
@@ -223,13 +217,13 @@ def _starting_after(request: Request) -> int:
 async def cancel_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     response_id_var.set(response_id)
-    return JSONResponse(await _commands(request).cancel(response_id, project=_project(request)))
+    return JSONResponse(await _commands(request).cancel(response_id, project=request_project(request)))
 
 
 async def delete_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     response_id_var.set(response_id)
-    await _commands(request).delete(response_id, project=_project(request))
+    await _commands(request).delete(response_id, project=request_project(request))
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
@@ -245,7 +239,7 @@ async def list_input_items(request: Request) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
-    project = _project(request)
+    project = request_project(request)
     await _commands(request).get(response_id, project=project)  # 404 for unknown and store=false responses
     async with request.app.state.db.connect() as connection:
         items = await read_models.list_items(connection, response_id, project=project, source="input")

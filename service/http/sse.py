@@ -6,7 +6,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,6 +16,9 @@ from service.protocol import TERMINAL_EVENT_TYPES
 from service.store import event_log, read_models
 from service.store.event_log import StoredEvent
 from service.store.faults import is_transient
+
+# `event_log.read_events`, or a reader that also fills compacted streams (stream_record.StreamReader).
+EventReader = Callable[..., Awaitable[list[StoredEvent]]]
 
 
 async def tail_events(
@@ -27,6 +30,7 @@ async def tail_events(
     poll_interval: float,
     draining: asyncio.Event | None = None,
     outage_limit: float = 60.0,
+    read: EventReader = event_log.read_events,
 ) -> AsyncIterator[StoredEvent]:
     """Every event with sequence_number > after, in order, ending with the terminal event
     (or when the response is deleted, or the server is shutting down: the client resumes
@@ -45,7 +49,7 @@ async def tail_events(
         else:
             try:
                 async with db.connect() as connection:
-                    batch = await event_log.read_events(connection, response_id, after=last, limit=500)
+                    batch = await read(connection, response_id, after=last, limit=500)
                     if not batch and not await read_models.exists(connection, response_id):
                         return
             except Exception as exc:

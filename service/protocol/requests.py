@@ -48,6 +48,12 @@ class ConversationRef(Strict):
     id: str
 
 
+class ContextManagement(Strict):
+    # Compact the history before generating when the prompt exceeds compact_threshold (service/compaction.py).
+    type: Literal["compaction"]
+    compact_threshold: Annotated[int, Field(ge=1)] | None = None
+
+
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
@@ -86,7 +92,7 @@ class CreateResponseRequest(Strict):
     conversation: str | ConversationRef | None = None
     # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
     prompt: None = None
-    context_management: None = None
+    context_management: Annotated[list[ContextManagement], Field(max_length=1)] | None = None
     background_options: None = None
     prompt_cache_options: None = None
     moderation: None = None
@@ -110,7 +116,6 @@ class CreateResponseRequest(Strict):
 # Why each OpenAI parameter without a meaning here is refused when it is set (null is accepted).
 _UNSUPPORTED = {
     "prompt": "Prompt templates are stored on OpenAI's platform; this server has none. Send the input itself.",
-    "context_management": "Server-side context compaction is not supported; use truncation='auto'.",
     "background_options": "Background options are not supported; background=true alone is.",
     "prompt_cache_options": "Prompt cache options are not supported (there is no prompt cache to configure).",
     "moderation": "This server runs no moderation model.",

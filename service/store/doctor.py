@@ -1,11 +1,11 @@
 """`python -m service doctor`: check the log's invariants over a whole database.
 
-Per response: sequence numbers 0..N with no gap, at most one terminal event and it is the last,
-the run marked done exactly when a terminal event is logged, and the stored projection equal to
-a fresh fold of the log. Per conversation stream (`conv_…`): sequence numbers 0..N and its
-`conversations`/`conversation_entries` rows equal to a fresh fold. Across tables: no facts, runs,
-projections or items whose response (or conversation) has no events (orphans). Reads everything
-in one snapshot; meant for operators and tests, not for a hot path.
+Per response: sequence numbers 0..N with no gap (a compacted log: 0 and its terminal N), at most
+one terminal event and it is the last, the run marked done exactly when a terminal event is logged,
+and the stored projection equal to a fresh fold of the log. Per conversation stream (`conv_…`):
+sequence numbers 0..N and its `conversations`/`conversation_entries` rows equal to a fresh fold.
+Across tables: no facts, runs, projections or items whose response (or conversation) has no
+events (orphans). Reads everything in one snapshot; meant for operators and tests, not for a hot path.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from service.store import event_log
 from service.store.db import create_engine
 from service.store.event_log import encode
 from service.store.schema import conversation_entries, conversation_items, conversations, responses, run_facts, runs
+from service.store.token_facts import RECORD_KIND
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,13 @@ async def check_database(database_url: str) -> Report:
                     grouped[stored.response_id].append(stored)
                 after, total = batch[-1].position, total + len(batch)
             fact_ids = set((await connection.scalars(sa.select(run_facts.c.response_id).distinct())).all())
+            recorded = set(
+                (
+                    await connection.scalars(
+                        sa.select(run_facts.c.response_id).where(run_facts.c.kind == RECORD_KIND).distinct()
+                    )
+                ).all()
+            )
             done = {
                 rid: bool(flag) for rid, flag in await connection.execute(sa.select(runs.c.response_id, runs.c.done))
             }
@@ -92,7 +100,9 @@ async def check_database(database_url: str) -> Report:
         if rid in conversation_streams:
             problems += _check_conversation(rid, stored_events, stored_conversations.get(rid), stored_entries[rid])
         else:
-            problems += _check_response(rid, stored_events, done.get(rid), stored_rows.get(rid))
+            problems += _check_response(
+                rid, stored_events, done.get(rid), stored_rows.get(rid), compacted=rid in recorded
+            )
     for table, ids in (
         ("conversations", set(stored_conversations)),
         ("conversation_entries", {cid for cid, rows in stored_entries.items() if rows}),
@@ -151,10 +161,17 @@ def _check_response(
     stored_events: list[event_log.StoredEvent],
     run_done: bool | None,
     stored_row: tuple[dict[str, Any], int] | None,
+    *,
+    compacted: bool = False,
 ) -> list[Problem]:
     problems: list[Problem] = []
     numbers = [e.sequence_number for e in stored_events]
-    if numbers != list(range(len(numbers))):
+    if compacted:
+        # Log compaction (service/stream_record.py) keeps `response.created` and the terminal event;
+        # the events between are regenerated from the token record.
+        if len(numbers) != 2 or numbers[0] != 0 or stored_events[-1].type not in TERMINAL_EVENT_TYPES:
+            problems.append(Problem(rid, "a compacted log is not its response.created and terminal event"))
+    elif numbers != list(range(len(numbers))):
         problems.append(Problem(rid, f"sequence numbers are not 0..{len(numbers) - 1} without gaps"))
     terminal_at = [i for i, e in enumerate(stored_events) if e.type in TERMINAL_EVENT_TYPES]
     if len(terminal_at) > 1:

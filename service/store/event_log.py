@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store import event_codec, token_facts
 from service.store.schema import events, run_facts
 
 APPEND_LOCK_ID = 7_243_002
@@ -72,7 +73,7 @@ async def append_events(connection: AsyncConnection, response_id: str, stream_ev
             "response_id": response_id,
             "sequence_number": event["sequence_number"],
             "type": event["type"],
-            "data": encode(event),
+            "data": event_codec.encode(response_id, event),  # compact for token deltas
             "created_at": now,
         }
         for event in stream_events
@@ -91,12 +92,24 @@ async def append_fact(connection: AsyncConnection, response_id: str, kind: str, 
 
 
 async def append_facts(connection: AsyncConnection, rows: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
-    if rows:
-        now = datetime.now(UTC)
+    """Append facts in the order given; each run's `tokens` facts go into its token chunks (see
+    token_facts). A run's consecutive `tokens` facts are logged together, and any other fact of that
+    run first flushes them, so the run's facts keep their order in the log."""
+    if not rows:
+        return
+    now = datetime.now(UTC)
+    tokens: dict[str, list[dict[str, Any]]] = {}
+    for rid, kind, data in rows:
+        if kind == "tokens":
+            tokens.setdefault(rid, []).append(data)
+            continue
+        if rid in tokens:
+            await token_facts.append_tokens(connection, rid, tokens.pop(rid), now)
         await connection.execute(
-            sa.insert(run_facts),
-            [{"response_id": rid, "kind": kind, "data": encode(data), "created_at": now} for rid, kind, data in rows],
+            sa.insert(run_facts).values(response_id=rid, kind=kind, data=encode(data), created_at=now)
         )
+    for rid, facts in tokens.items():
+        await token_facts.append_tokens(connection, rid, facts, now)
 
 
 async def read_events(
@@ -114,7 +127,18 @@ async def read_events(
     )
     if limit is not None:
         query = query.limit(limit)
-    return [StoredEvent(*row) for row in await connection.execute(query)]
+    return [_stored(*row) for row in await connection.execute(query)]
+
+
+def _stored(position: int, response_id: str, sequence_number: int, event_type: str, data: str) -> StoredEvent:
+    """A row as readers see it: `data` is the event JSON as sent, whatever its stored form."""
+    return StoredEvent(
+        position,
+        response_id,
+        sequence_number,
+        event_type,
+        event_codec.decode(response_id, event_type, sequence_number, data),
+    )
 
 
 async def read_all_events(
@@ -127,7 +151,7 @@ async def read_all_events(
         .order_by(events.c.position)
         .limit(limit)
     )
-    return [StoredEvent(*row) for row in await connection.execute(query)]
+    return [_stored(*row) for row in await connection.execute(query)]
 
 
 async def read_facts(connection: AsyncConnection, response_id: str) -> list[StoredFact]:
@@ -155,7 +179,7 @@ async def last_event(connection: AsyncConnection, response_id: str) -> StoredEve
         .limit(1)
     )
     row = (await connection.execute(query)).first()
-    return None if row is None else StoredEvent(*row)
+    return None if row is None else _stored(*row)
 
 
 async def delete_log(connection: AsyncConnection, response_id: str) -> None:
@@ -163,19 +187,9 @@ async def delete_log(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.delete(run_facts).where(run_facts.c.response_id == response_id))
 
 
-async def count_token_facts(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
-    """How many `tokens` facts each run has in the log (how a writer learns whether a commit
-    whose outcome it never heard actually landed)."""
-    if not response_ids:
-        return {}
-    rows = await connection.execute(
-        sa.select(run_facts.c.response_id, sa.func.count())
-        .where(run_facts.c.response_id.in_(list(response_ids)), run_facts.c.kind == "tokens")
-        .group_by(run_facts.c.response_id)
-    )
-    counts = {rid: 0 for rid in response_ids}
-    counts.update({rid: int(n) for rid, n in rows})
-    return counts
+async def count_tokens(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
+    """How many token ids each run has logged."""
+    return await token_facts.count_tokens(connection, response_ids)
 
 
 async def last_sequence_numbers(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:

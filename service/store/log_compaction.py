@@ -13,22 +13,17 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import event_log
 from service.store.schema import responses, run_facts, runs
+from service.store.token_facts import merge_token_facts
 
-
-def merge_token_facts(facts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One `tokens` fact equal, for replay, to the sequence of `facts` (pure)."""
-    ids = [token for fact in facts for token in fact["ids"]]
-    merged: dict[str, Any] = {"ids": ids}
-    if any("logprobs" in fact for fact in facts):
-        merged["logprobs"] = [entry for fact in facts for entry in fact.get("logprobs", [None] * len(fact["ids"]))]
-    return merged
+# service/agent_loop.py's facts: a run with tool calls keeps its token chunks apart, since replay feeds each
+# tool result back between the tokens it came between (one merged chunk would lose that order).
+TOOL_KINDS = ("tool_call_started", "tool_call_result")
 
 
 async def compact_finished_runs(
@@ -49,6 +44,7 @@ async def compact_finished_runs(
             .join(responses, responses.c.id == runs.c.response_id)
             .join(many, many.c.response_id == runs.c.response_id)
             .where(runs.c.done.is_(True), responses.c.created_at < cutoff)
+            .where(~sa.exists().where(run_facts.c.response_id == runs.c.response_id, run_facts.c.kind.in_(TOOL_KINDS)))
             .limit(batch_size)
         )
         ids = list((await connection.scalars(query)).all())

@@ -13,6 +13,7 @@ from service.projection import project
 from service.store import event_log, read_models
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT, conversation_entries, conversations
+from service.store.token_facts import RECORD_KIND
 
 
 async def rebuild_projections(database_url: str) -> int:
@@ -50,6 +51,12 @@ async def rebuild_projections(database_url: str) -> int:
                 tail = prompt_items[len(prompt_items) - request["input_item_count"] :]
                 input_items = request.get("input_items", tail)
                 await read_models.insert_items(connection, response_id, input_items, source="input", first_ordinal=0)
+                if any(f.kind == RECORD_KIND for f in facts):
+                    # A compacted log keeps its terminal event, whose output lists every finished item.
+                    payloads = [
+                        {"type": "response.output_item.done", "output_index": index, "item": item}
+                        for index, item in enumerate(response.get("output") or [])
+                    ]
                 await read_models.insert_output_items(
                     connection, response_id, payloads, input_item_count=request["input_item_count"]
                 )

@@ -28,7 +28,7 @@ class RunWrite:
     projection: dict[str, Any] | None = None
     output_ordinal_base: int = 0  # ordinal of output item 0 in conversation_items
     terminal: bool = False
-    # `tokens` facts the run had in the log (or queued before this write) when this write began:
+    # Token ids the run had in the log (or queued before this write) when this write began:
     # after a commit whose outcome was never heard, the count in the log says whether it landed.
     token_facts_before: int = 0
 
@@ -121,12 +121,12 @@ async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
     have landed). Raises when the store cannot be read."""
     ids = [w.response_id for w in writes]
     async with engine.connect() as connection:
-        token_counts = await event_log.count_token_facts(connection, ids)
+        token_counts = await event_log.count_tokens(connection, ids)
         last_sequence = await event_log.last_sequence_numbers(connection, ids)
     found: set[str] = set()
     for write in writes:
         rid = write.response_id
-        tokens = sum(1 for kind, _ in write.facts if kind == "tokens")
+        tokens = sum(len(data["ids"]) for kind, data in write.facts if kind == "tokens")
         if tokens:
             if token_counts[rid] >= write.token_facts_before + tokens:
                 found.add(rid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -84,16 +85,25 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
 
 
 async def run_sweeper(
-    db: AsyncEngine, *, retention_days: float, interval_seconds: float, batch_size: int, compaction_grace: float
+    db: AsyncEngine,
+    *,
+    retention_days: float,
+    interval_seconds: float,
+    batch_size: int,
+    compaction_grace: float,
+    compact_streams: Callable[[int], Awaitable[int]] | None = None,
 ) -> None:
-    """Every `interval_seconds` until cancelled: delete what expired, then fold the token facts of
-    finished runs (log_compaction). Store errors are logged and retried next time."""
+    """Every `interval_seconds` until cancelled: delete what expired, fold the token facts of finished
+    runs (log_compaction), then compact the streams past the replay window (`compact_streams(batch)`,
+    service/stream_record.py). Store errors are logged and retried next time."""
     while True:
         try:
             swept = await sweep(db, retention_days=retention_days, batch_size=batch_size)
             if swept.responses or swept.conversations:
                 log.info("retention: deleted %d responses, %d conversations", swept.responses, swept.conversations)
             while await compact_finished_runs(db, batch_size=batch_size, grace_seconds=compaction_grace) == batch_size:
+                pass
+            while compact_streams is not None and await compact_streams(batch_size) == batch_size:
                 pass
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a store outage
             if not is_transient(exc):

@@ -1,9 +1,10 @@
 """Table definitions. The names are a user interface (people query them with sqlite3/psql):
 keep them stable and documented in the README's "SQL inspection" section.
 
-- `events`: exactly the client-visible stream events, `data` = the event JSON as sent.
+- `events`: exactly the client-visible stream events, `data` = the event JSON as sent (token deltas in
+  a compact form that `event_codec` turns back into exactly that JSON).
 - `run_facts`: what else a run needs to be rebuilt or resumed (request, prompt token ids,
-  sampled token ids, cancel requests). Never sent to clients.
+  sampled token ids in chunks, cancel requests; a compacted stream's `token_record`). Never sent to clients.
 - `runs`: operational state of a run: owner and lease (not a projection; leases are not facts).
 - `responses`, `conversation_items`: projections, rebuildable from the two logs.
 - `api_keys`: named keys (SHA-256 hashes only) and the project each belongs to. `responses.project`

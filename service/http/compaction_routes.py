@@ -1,0 +1,112 @@
+"""`POST /v1/responses/compact`, and the compaction steps of `POST /v1/responses` (see service/compaction.py)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from service import compaction
+from service.commands import Commands
+from service.errors import InvalidRequest
+from service.http.auth import request_project
+from service.http.body import json_body
+from service.protocol.ids import new_response_id
+from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
+
+_COMPACT_PARAMS = tuple(compaction.CompactRequest.model_fields)
+
+
+def _key(request: Request) -> bytes:
+    commands: Commands = request.app.state.commands
+    return compaction.compaction_key(commands.settings.secret_key)
+
+
+async def read_create_body(request: Request) -> Any:
+    """The JSON body of a create/count request, with `compaction` input items expanded."""
+    return compaction.expand_input(await json_body(request), _key(request), project=request_project(request))
+
+
+async def _items(commands: Commands, create: CreateResponseRequest, *, project: str) -> list[dict[str, Any]]:
+    """The whole context of a request: the previous response's chain, then the input."""
+    history = []
+    if create.previous_response_id is not None:
+        history = await commands._history(create.previous_response_id, project=project)
+    return history + list(normalize_input(create, new_response_id()))
+
+
+async def manage_context(request: Request, create: CreateResponseRequest) -> CreateResponseRequest:
+    """`context_management`: past compact_threshold prompt tokens, everything before the last user
+    message (history included) is compacted; that message and what follows are kept verbatim."""
+    entry = create.context_management[0] if create.context_management else None
+    if entry is None or entry.compact_threshold is None:
+        return create
+    if create.conversation is not None:
+        raise InvalidRequest(
+            "context_management cannot be combined with 'conversation' on this server.",
+            param="context_management",
+            code="unsupported_parameter",
+        )
+    commands: Commands = request.app.state.commands
+    project = request_project(request)
+    if await commands.count_input_tokens(create, project=project) <= entry.compact_threshold:
+        return create
+    items = await _items(commands, create, project=project)
+    last_user = max((i for i, item in enumerate(items) if item.get("role") == "user"), default=len(items))
+    head, tail = items[:last_user], items[last_user:]
+    if not head:
+        return create
+    users, summary = compaction.compact(head)
+    kept = [compaction.input_message(item) for item in users] + summary + tail
+    return parse_create_request(
+        {**create.model_dump(mode="json", exclude_none=True), "input": kept, "previous_response_id": None}
+    )
+
+
+async def compact_response(request: Request) -> Response:
+    body = await read_create_body(request)
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    for name in body:
+        if name not in _COMPACT_PARAMS:
+            raise InvalidRequest(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
+    if body.get("model") is None:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model", code="missing_required_parameter")
+    if body.get("input") is None and body.get("previous_response_id") is None:
+        raise InvalidRequest(
+            "Missing required parameter: 'input' (or 'previous_response_id').",
+            param="input",
+            code="missing_required_parameter",
+        )
+    params = {name: body[name] for name in _COMPACT_PARAMS if body.get(name) is not None}
+    create = parse_create_request({"input": "-", **params})
+    if body.get("input") is None:
+        create = create.model_copy(update={"input": []})
+    commands: Commands = request.app.state.commands
+    project = request_project(request)
+    input_tokens = await commands.count_input_tokens(create, project=project)
+    users, summary = compaction.compact(await _items(commands, create, project=project))
+    sealed = compaction.seal(_key(request), project=project, items=summary)
+    output = [*users, {"id": f"cmp_{secrets.token_hex(24)}", "type": "compaction", "encrypted_content": sealed}]
+    return JSONResponse(
+        {
+            "id": f"cmp_{secrets.token_hex(24)}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": output,
+            "usage": {
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": 0,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens,
+            },
+        }
+    )
+
+
+routes = [Route("/v1/responses/compact", compact_response, methods=["POST"])]

@@ -1,0 +1,124 @@
+"""Context compaction end to end with the official client: `client.responses.compact`, the sealed
+`compaction` item sent back as input, tampering, and `context_management` (service/compaction.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+
+from service import compaction
+from service.errors import InvalidRequest
+from service.tools.secrets import new_key
+from tests.api_helpers import client_for
+from tests.conftest import ServerProcess
+
+ServerFactory = Callable[..., ServerProcess]
+
+
+def _history(client: openai.OpenAI) -> tuple[str, list[Any]]:
+    """A three-turn chain; returns the last response id and the model id."""
+    previous: str | None = None
+    for text in ("My name is Bo.", "I live in Oslo.", "I like tea."):
+        response = client.responses.create(input=text, previous_response_id=previous, max_output_tokens=24)
+        assert response.status in ("completed", "incomplete")
+        previous = response.id
+    assert previous is not None
+    return previous, [item.model_dump(exclude_none=True) for item in client.responses.input_items.list(previous)]
+
+
+def test_compact_round_trip_and_tampering(database_url: str, server_factory: ServerFactory) -> None:
+    key = new_key()
+    server = server_factory(database_url, SERVICE_SECRET_KEY=key).start()
+    client = client_for(server.url)
+    model = client.models.list().data[0].id
+    last, _ = _history(client)
+
+    compacted = client.responses.compact(model=model, previous_response_id=last)
+    assert compacted.object == "response.compaction"
+    kinds = [(item.type, getattr(item, "role", None)) for item in compacted.output]
+    # Like OpenAI: every user message, then one compaction item.
+    assert kinds == [("message", "user")] * 3 + [("compaction", None)]
+    sealed = compacted.output[-1]
+    assert sealed.type == "compaction" and sealed.encrypted_content
+    full = client.responses.input_tokens.count(previous_response_id=last, input="Where do I live?").input_tokens
+    assert compacted.usage.input_tokens == client.responses.input_tokens.count(previous_response_id=last).input_tokens
+
+    # Sent back as input, the compacted list renders as the kept context: fewer prompt tokens.
+    again: list[Any] = [item.model_dump(exclude_none=True, warnings=False) for item in compacted.output]
+    again.append({"type": "message", "role": "user", "content": "Where do I live?"})
+    counted = client.responses.input_tokens.count(input=again).input_tokens
+    response = client.responses.create(input=again, max_output_tokens=8)
+    assert response.status in ("completed", "incomplete") and response.usage is not None
+    assert response.usage.input_tokens == counted < full
+
+    # Compacting a list that holds a compaction item works too (the item expands first).
+    assert client.responses.compact(model=model, input=again).output[-1].type == "compaction"
+
+    # The same server key after a restart still opens it.
+    server.stop()
+    server.start()
+    assert client.responses.input_tokens.count(input=again).input_tokens == counted
+
+    content = sealed.encrypted_content
+    body, tag = content.split(".")
+    forged = [
+        content[:-2] + ("AA" if content[-2:] != "AA" else "BB"),  # altered tag
+        ("B" if body[0] != "B" else "C") + body[1:] + "." + tag,  # altered body
+        "not-a-compaction",
+        "",
+    ]
+    for bad in forged:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(input=[{"type": "compaction", "encrypted_content": bad}, *again[4:]])
+        assert refused.value.code == "invalid_encrypted_content"
+        assert refused.value.param == "input[0].encrypted_content"
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.post("/responses/compact", cast_to=object, body={"model": model, "input": "x", "tools": []})
+    assert unknown.value.code == "unknown_parameter"
+
+
+def test_compaction_item_from_another_key_is_refused(database_url: str, server_factory: ServerFactory) -> None:
+    server = server_factory(database_url, SERVICE_SECRET_KEY=new_key()).start()
+    client = client_for(server.url)
+    other = compaction.seal(compaction.compaction_key(new_key()), project="default", items=[])
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(input=[{"type": "compaction", "encrypted_content": other}], max_output_tokens=2)
+    assert refused.value.code == "invalid_encrypted_content"
+
+
+def test_context_management_compacts_past_the_threshold(database_url: str, server_factory: ServerFactory) -> None:
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    last, _ = _history(client)
+    full = client.responses.input_tokens.count(previous_response_id=last, input="And my name?").input_tokens
+    managed: Any = {"previous_response_id": last, "input": "And my name?", "max_output_tokens": 4}
+
+    below = client.responses.create(**managed, context_management=[{"type": "compaction", "compact_threshold": full}])
+    assert below.usage is not None and below.usage.input_tokens == full and below.previous_response_id == last
+
+    rule: Any = [{"type": "compaction", "compact_threshold": full - 1}]
+    counted = client.responses.input_tokens.count(
+        previous_response_id=last, input="And my name?", extra_body={"context_management": rule}
+    ).input_tokens
+    above = client.responses.create(**managed, context_management=rule)
+    assert above.usage is not None and above.usage.input_tokens == counted < full
+    items = list(client.responses.input_items.list(above.id, order="asc"))
+    texts = [item.content[0].text for item in items if item.type == "message"]  # type: ignore[union-attr]
+    assert texts[:3] == ["My name is Bo.", "I live in Oslo.", "I like tea."]
+    assert texts[3].startswith("[Earlier context compacted: ") and texts[-1] == "And my name?"
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(input="x", context_management=[{"type": "other", "compact_threshold": 1}])
+    assert refused.value.param is not None and "context_management" in refused.value.param
+
+
+def test_sealed_content_is_bound_to_key_and_project() -> None:
+    key = compaction.compaction_key("k")
+    sealed = compaction.seal(key, project="p", items=[{"type": "message"}])
+    assert compaction.open_sealed(key, project="p", content=sealed, param="x") == [{"type": "message"}]
+    for project, used in (("q", key), ("p", compaction.compaction_key("other"))):
+        with pytest.raises(InvalidRequest):
+            compaction.open_sealed(used, project=project, content=sealed, param="x")
