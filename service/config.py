@@ -18,7 +18,10 @@ class Settings(BaseModel):
     model: Path | None = None
     model_cache: Path | None = None
     intra_op_threads: int | None = None
-    max_active_runs: int = Field(default=8, ge=1)
+    # Runs generating at once follow from memory: as many KV caches (each at its longest) as fit
+    # kv_cache_budget_bytes (None = a quarter of the machine's memory), at most max_active_runs if set.
+    kv_cache_budget_bytes: int | None = Field(default=None, ge=1)
+    max_active_runs: int | None = Field(default=None, ge=1)
     lease_seconds: float = Field(default=10.0, gt=0)
     # How often an idle worker looks for runs whose lease expired.
     claim_interval_seconds: float = Field(default=1.0, gt=0)

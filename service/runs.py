@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
 from service.config import Settings
+from service.engine.admission import limit_for_engine
 from service.engine.base import EngineError, SamplingParams, TokenOutput
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
@@ -67,6 +68,8 @@ class RunSupervisor:
         # The engine is not thread-safe; one worker thread runs every engine call in order.
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
+        # Admission by memory: the rest wait in the durable queue (the log).
+        self.max_active = limit_for_engine(runtime.engine, settings.kv_cache_budget_bytes, settings.max_active_runs)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -164,7 +167,7 @@ class RunSupervisor:
             claimed = await leases.claim(
                 connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=100, cancelled_only=True
             )
-            room = self.settings.max_active_runs - len(self.active)
+            room = self.max_active - len(self.active)
             if room > 0:
                 claimed += await leases.claim(
                     connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=room

@@ -225,6 +225,11 @@ class OnnxEngine:
     def active_sequence_ids(self) -> list[str]:
         return list(self._seqs)
 
+    def kv_bytes_per_sequence(self) -> int:
+        """Bytes of KV cache one sequence fills at its longest (what admission by memory budgets for)."""
+        itemsize = self._pool.dtype.itemsize
+        return sum(heads * rows * dim * itemsize for heads, rows, dim in self._pool.row_shapes)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _sample(self, seq: _Sequence) -> TokenOutput:
