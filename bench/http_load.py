@@ -1,7 +1,7 @@
 """Throughput under load: C concurrent streaming clients through the real server vs the bare engine at batch C.
 
     .venv/bin/python -m bench.http_load [--models tiny,qwen] [--clients 1,4,8,16,32] [--prompt 128] [--new 128]
-        [--threads 2] [--database-url URL] [--out docs/benchmarks] [--server-env NAME=VALUE ...]
+        [--threads 2] [--turns 5] [--database-url URL] [--out docs/benchmarks] [--server-env NAME=VALUE ...]
 
 For each model and each client count C:
   * http: `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each) POST
@@ -12,6 +12,8 @@ For each model and each client count C:
   * engine: OnnxEngine in this process, the same C prompts added at once and stepped to the end (what
     the server's engine does, without HTTP, SSE or the event log); TTFT is from the start to a sequence's
     first sampled token, ITL the step gaps.
+  * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT per turn,
+    on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0).
 Models: "tiny" = the built-in shape with random weights (never stops: every run makes --new tokens), "qwen" =
 `model build-random --shape qwen2.5-0.5b` (Harmony vocabulary), cached in --work-dir.
 Every prompt is distinct (no prefix shared between clients) and about --prompt tokens long.
@@ -183,6 +185,36 @@ def through_server(model: str, url: str, texts: list[str], new_tokens: int) -> S
     return sample
 
 
+def multi_turn(url: str, turns: int, new_tokens: int, words: int) -> list[float]:
+    """TTFT of each turn of one conversation chained by previous_response_id (seconds)."""
+
+    async def run() -> list[float]:
+        ttfts: list[float] = []
+        previous: str | None = None
+        async with httpx.AsyncClient() as client:
+            for turn in range(turns):
+                text = " ".join(WORDS[(turn + i) % len(WORDS)] for i in range(words))
+                body = {"input": f"turn {turn}: {text}", "max_output_tokens": new_tokens, "stream": True, "seed": 1}
+                if previous is not None:
+                    body["previous_response_id"] = previous
+                started = time.perf_counter()
+                first: float | None = None
+                async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        event = json.loads(line[len("data: ") :])
+                        if event["type"] == "response.created":
+                            previous = event["response"]["id"]
+                        elif event["type"].endswith(".delta") and first is None:
+                            first = time.perf_counter()
+                ttfts.append((first or time.perf_counter()) - started)
+        return ttfts
+
+    return asyncio.run(run())
+
+
 # -- models, report ----------------------------------------------------------------------------------
 
 
@@ -198,7 +230,9 @@ def model_dir_for(model: str, work_dir: Path) -> Path:
     return Path(model)  # any servable model directory
 
 
-def markdown(samples: list[Sample], prompt: int, new: int, threads: int) -> str:
+def markdown(
+    samples: list[Sample], prompt: int, new: int, threads: int, turns: dict[tuple[str, str], list[float]]
+) -> str:
     lines = [
         f"Prompt ≈{prompt} tokens, {new} output tokens per client, {threads} ORT threads; "
         f"machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
@@ -217,6 +251,19 @@ def markdown(samples: list[Sample], prompt: int, new: int, threads: int) -> str:
             f"| {ratio} | {percentile(s.ttft, 50) * 1e3:.0f} | {percentile(s.ttft, 99) * 1e3:.0f} "
             f"| {percentile(s.itl, 50) * 1e3:.1f} | {percentile(s.itl, 99) * 1e3:.1f} |"
         )
+    if turns:
+        count = max(len(t) for t in turns.values())
+        lines += [
+            "",
+            f"Multi-turn: one client, {count} turns chained by previous_response_id (each turn ≈{prompt} new "
+            f"prompt tokens, {new} output tokens); time to first token per turn, ms.",
+            "",
+            "| model | prefix cache | " + " | ".join(f"turn {i + 1}" for i in range(count)) + " | last ÷ first |",
+            "| --- | --- | " + " | ".join("---:" for _ in range(count)) + " | ---: |",
+        ]
+        for (model, cache), ttfts in turns.items():
+            cells = " | ".join(f"{t * 1e3:.0f}" for t in ttfts)
+            lines.append(f"| {model} | {cache} | {cells} | {ttfts[-1] / ttfts[0]:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -263,9 +310,11 @@ def run(
     work_dir: Path,
     database_url: str | None = None,
     server_env: dict[str, str] | None = None,
+    turns: int = 0,
 ) -> list[Sample]:
     """Measure every (model, path, clients) and write http_load.md / http_load.png under `out`."""
     samples: list[Sample] = []
+    conversations: dict[tuple[str, str], list[float]] = {}
     out.mkdir(parents=True, exist_ok=True)
     for model in models:
         model_dir = model_dir_for(model, work_dir)
@@ -283,8 +332,22 @@ def run(
                     print(_line(samples[-1]), flush=True)
             finally:
                 server.stop()
+            for cache, cache_env in (("on", {}), ("off", {"SERVICE_PREFIX_CACHE_BYTES": "0"})) if turns else ():
+                log_path = Path(tmp) / f"turns-{cache}.log"
+                db_url = f"sqlite+aiosqlite:///{tmp}/turns-{cache}.db"
+                server = ServerProcess(db_url, log_path, **env, **cache_env).start(timeout=600)
+                try:
+                    conversations[(model, cache)] = multi_turn(server.url, turns, new, words=prompt // 2)
+                    print(
+                        model,
+                        f"prefix cache {cache}: TTFT per turn (ms)",
+                        [round(t * 1e3) for t in conversations[(model, cache)]],
+                        flush=True,
+                    )
+                finally:
+                    server.stop()
     samples.sort(key=lambda s: (s.model, s.path != "http", s.clients))
-    (out / "http_load.md").write_text(markdown(samples, prompt, new, threads))
+    (out / "http_load.md").write_text(markdown(samples, prompt, new, threads, conversations))
     plot(samples, out / "http_load.png")
     return samples
 
@@ -307,6 +370,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server")
+    parser.add_argument("--turns", type=int, default=5, help="multi-turn part: turns per conversation (0 = skip)")
     args = parser.parse_args()
     run(
         args.models.split(","),
@@ -318,6 +382,7 @@ def main() -> None:
         work_dir=args.work_dir,
         database_url=args.database_url,
         server_env=dict(item.split("=", 1) for item in args.server_env),
+        turns=args.turns,
     )
     print((args.out / "http_load.md").read_text())
 
