@@ -178,6 +178,7 @@ class RunSupervisor:
             except Exception as exc:
                 log.exception("could not start run %s", run.response_id)
                 await self._fail_unstarted(run.response_id, f"The run could not be started: {exc}")
+        await self._drain(wait=False)  # the started runs' first events: one commit for all, beside the next step
 
     async def _read_log(self, response_id: str) -> tuple[list[event_log.StoredFact], list[dict[str, Any]]]:
         async with self.db.connect() as connection:
@@ -232,8 +233,7 @@ class RunSupervisor:
         if run.pending:
             write = run.write()
             run.record(write, [])
-            self._enqueue([write])
-            await self._drain(wait=True)
+            self._enqueue([write])  # committed once every claimed run has started (see _admit)
 
     async def _step(self) -> None:
         cancelled = [r for r in self.active.values() if r.cancel_requested]
