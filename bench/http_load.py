@@ -281,9 +281,11 @@ def plot(samples: list[Sample], path: Path) -> None:
         clients = [s.clients for s in rows]
         left.plot(clients, [s.tokens_per_second for s in rows], marker="o", label=f"{key[0]} {key[1]}")
         right.plot(clients, [percentile(s.ttft, 50) * 1e3 for s in rows], marker="o", label=f"{key[0]} {key[1]}")
-    left.set(xlabel="concurrent clients", ylabel="aggregate tokens/s", xscale="log", title="throughput")
+    left.set(xlabel="concurrent clients", ylabel="aggregate tokens/s", xscale="log", yscale="log", title="throughput")
     right.set(xlabel="concurrent clients", ylabel="median TTFT (ms)", xscale="log", yscale="log", title="TTFT")
+    ticks = sorted({s.clients for s in samples})
     for axis in (left, right):
+        axis.set_xticks(ticks, [str(t) for t in ticks])
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()
