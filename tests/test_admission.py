@@ -53,10 +53,14 @@ def test_runs_beyond_the_budget_wait_in_the_queue(
 ) -> None:
     per_run = OnnxEngine(random_model_dir, intra_op_threads=1).kv_bytes_per_sequence()
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    # Room for two KV caches and a half: two runs generate at once, the third waits.
+    # Queue three long runs (one may start), then restart with room for two KV caches and a half: the
+    # first claim takes the two oldest together, and the third waits until one of them has ended.
+    server = server_factory(url, SERVICE_MAX_ACTIVE_RUNS="1").start()
+    client = client_for(server.url)
+    ids = [client.responses.create(input=f"run {n}", max_output_tokens=300, background=True).id for n in range(3)]
+    server.stop()
     server = server_factory(url, SERVICE_KV_CACHE_BUDGET_BYTES=str(per_run * 5 // 2)).start()
     client = client_for(server.url)
-    ids = [client.responses.create(input=f"run {n}", max_output_tokens=40, background=True).id for n in range(3)]
     for response_id in ids:
         assert wait_until_terminal(client, response_id).status in ("completed", "incomplete")
     spans = [_first_and_last_positions(url, response_id) for response_id in ids]
