@@ -18,7 +18,13 @@ class Settings(BaseModel):
     model: Path | None = None
     model_cache: Path | None = None
     intra_op_threads: int | None = None
-    max_active_runs: int = Field(default=8, ge=1)
+    # Runs generating at once follow from memory: as many KV caches (each at its longest) as fit
+    # kv_cache_budget_bytes (None = a quarter of the machine's memory), at most max_active_runs if set.
+    kv_cache_budget_bytes: int | None = Field(default=None, ge=1)
+    max_active_runs: int | None = Field(default=None, ge=1)
+    # KV rows of finished runs kept so that a next turn starting with their tokens prefills only the rest
+    # (LRU, bounded in bytes; 0 = off).
+    prefix_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     lease_seconds: float = Field(default=10.0, gt=0)
     # How often an idle worker looks for runs whose lease expired.
     claim_interval_seconds: float = Field(default=1.0, gt=0)

@@ -30,7 +30,9 @@ def load_runtime(settings: Settings) -> ModelRuntime:
     model_dir = resolve_model_dir(settings)
     try:
         meta = read_config(model_dir)
-        engine = OnnxEngine(model_dir, intra_op_threads=settings.intra_op_threads)
+        engine = OnnxEngine(
+            model_dir, intra_op_threads=settings.intra_op_threads, prefix_cache_bytes=settings.prefix_cache_bytes
+        )
         chat_format = chat_format_for(model_dir, {**meta.as_dict(), "eos_token_id": meta.stop_token_ids})
         info = model_info(model_dir)
     except Exception as exc:  # noqa: BLE001 - the loading boundary: whatever the files got wrong, say it in a line

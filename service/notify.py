@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from service.store.event_log import StoredEvent
@@ -19,15 +19,27 @@ log = logging.getLogger(__name__)
 CHANNEL = "service_log"
 
 
-class _Waiter:
+class Subscription:
+    """One reader's registration for one response: what commits publish while the reader is busy
+    (e.g. sending the previous batch to its client) waits here instead of being missed."""
+
     def __init__(self) -> None:
         self.woken = asyncio.Event()
         self.events: list[StoredEvent] = []
 
+    async def next(self, timeout: float) -> list[StoredEvent]:
+        """Events published since the last call (possibly none: a bare wake-up), waiting up to `timeout`."""
+        if not self.woken.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.woken.wait(), timeout)
+        self.woken.clear()
+        events, self.events = self.events, []
+        return events
+
 
 class Notifier:
     def __init__(self) -> None:
-        self._waiters: dict[str, set[_Waiter]] = defaultdict(set)
+        self._waiters: dict[str, set[Subscription]] = defaultdict(set)
         self._pg_connection: Any = None
         self._dsn = ""
         self._closed = False
@@ -61,18 +73,23 @@ class Notifier:
     async def wait(self, response_id: str, timeout: float) -> list[StoredEvent]:
         """Return when the response's log may have grown (with the committed events when this
         process wrote them), or after `timeout` seconds with nothing."""
-        waiter = _Waiter()
-        self._waiters[response_id].add(waiter)
+        with self.subscribe(response_id) as subscription:
+            return await subscription.next(timeout)
+
+    @contextlib.contextmanager
+    def subscribe(self, response_id: str) -> Iterator[Subscription]:
+        """Receive every publication for `response_id` while the block runs (a live tail holds one
+        for its whole life, so a commit that lands while it is sending is handed over, not missed)."""
+        subscription = Subscription()
+        self._waiters[response_id].add(subscription)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.woken.wait(), timeout)
+            yield subscription
         finally:
             waiters = self._waiters.get(response_id)
             if waiters is not None:
-                waiters.discard(waiter)
+                waiters.discard(subscription)
                 if not waiters:
                     del self._waiters[response_id]
-        return waiter.events
 
     async def start_postgres(self, dsn: str) -> None:
         """LISTEN for other replicas' commits (asyncpg DSN, no SQLAlchemy driver suffix). A lost

@@ -68,6 +68,10 @@ STORE_RETRIES = Counter("service_store_retries", "Group commits retried after a 
 ACTIVE_RUNS = Gauge("service_active_runs", "Runs generating on this worker", multiprocess_mode="livesum")
 QUEUED_RUNS = Gauge("service_queued_runs", "Runs waiting for a worker (all replicas)", multiprocess_mode="max")
 SSE_SUBSCRIBERS = Gauge("service_sse_subscribers", "Open event streams on this worker", multiprocess_mode="livesum")
+PREFIX_CACHE_HITS = Gauge("service_prefix_cache_hits", "Runs that reused cached KV rows", multiprocess_mode="livesum")
+PREFIX_CACHE_TOKENS = Gauge(
+    "service_prefix_cache_reused_tokens", "Prompt tokens taken from the prefix cache", multiprocess_mode="livesum"
+)
 
 
 def timed(histogram: Histogram, function: Callable[[], T]) -> Callable[[], T]:
@@ -129,6 +133,10 @@ async def metrics_endpoint(request: Request) -> Response:
     async with state.db.connect() as connection:
         QUEUED_RUNS.set(max(0, await leases.unfinished_runs(connection) - len(state.supervisor.active)))
     SSE_SUBSCRIBERS.set(state.subscribers.total())
+    cache = getattr(state.supervisor.runtime.engine, "prefix_cache", None)
+    if cache is not None:
+        PREFIX_CACHE_HITS.set(cache.hits)
+        PREFIX_CACHE_TOKENS.set(cache.reused_tokens)
     body, content_type = metrics_text()
     return Response(body, media_type=content_type)
 

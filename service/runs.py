@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
 from service.config import Settings
+from service.engine.admission import limit_for_engine
 from service.engine.base import EngineError, SamplingParams, TokenOutput
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
@@ -68,6 +69,8 @@ class RunSupervisor:
         # The engine is not thread-safe; one worker thread runs every engine call in order.
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
+        # Admission by memory: the rest wait in the durable queue (the log).
+        self.max_active = limit_for_engine(runtime.engine, settings.kv_cache_budget_bytes, settings.max_active_runs)
         # The agent loop: runs out of the engine while a server-side tool call of theirs is executed.
         self.tool_steps = ToolSteps(settings, runtime.chat_format)
         self._tool_runs: dict[str, ActiveRun] = {}
@@ -173,7 +176,7 @@ class RunSupervisor:
             claimed = await leases.claim(
                 connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=100, cancelled_only=True
             )
-            room = self.settings.max_active_runs - len(self.active)
+            room = self.max_active - len(self.active)
             if room > 0:
                 claimed += await leases.claim(
                     connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=room
@@ -184,6 +187,7 @@ class RunSupervisor:
             except Exception as exc:
                 log.exception("could not start run %s", run.response_id)
                 await self._fail_unstarted(run.response_id, f"The run could not be started: {exc}")
+        await self._drain(wait=False)  # the started runs' first events: one commit for all, beside the next step
 
     async def _read_log(self, response_id: str) -> tuple[list[event_log.StoredFact], list[dict[str, Any]]]:
         async with self.db.connect() as connection:
@@ -225,8 +229,7 @@ class RunSupervisor:
         if run.pending:
             write = run.write()
             run.record(write, [])
-            self._enqueue([write])
-            await self._drain(wait=True)
+            self._enqueue([write])  # committed with the other claimed runs' first events (see _admit)
         if run.builder.pending_call is not None:  # its call has no logged result yet: (re)run it
             self._start_tool_call(run)
             return

@@ -41,6 +41,7 @@ from service.engine.base import EngineError, FinishReason, LogitsConstraint, Sam
 from service.engine.config import read_config
 from service.engine.layout import GraphLayout, detect_layout
 from service.engine.model_files import find_model_file
+from service.engine.prefix_cache import PrefixCache
 from service.engine.sampling import sample
 
 _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produce (full-logits graphs)
@@ -58,6 +59,10 @@ class _Sequence:
     logits: np.ndarray  # next-token logits, waiting for the next step
     slot: int = -1  # shared-buffer layout: the sequence's row in the KV pool
     counts: dict[int, int] = field(default_factory=dict)  # generated token id -> times (penalties)
+    tokens: list[int] = field(default_factory=list)  # the ids in the KV cache (prefix cache key)
+    # Leading cache rows computed by runs of 2+ tokens (prefill): those equal, bit for bit, what any other
+    # prefill of the same tokens computes; a 1-token run (decode) takes another kernel path and may not.
+    prefilled: int = 0
 
 
 class _SlotPool:
@@ -108,7 +113,9 @@ def default_threads() -> int:
 class OnnxEngine:
     """Implements service.engine.base.Engine over a decoder-with-past ONNX model directory."""
 
-    def __init__(self, model_dir: Path, *, intra_op_threads: int | None = None, max_batch: int = 32) -> None:
+    def __init__(
+        self, model_dir: Path, *, intra_op_threads: int | None = None, max_batch: int = 32, prefix_cache_bytes: int = 0
+    ) -> None:
         self.model_dir = Path(model_dir)
         meta = read_config(self.model_dir)
         self.config = meta.decoder
@@ -139,6 +146,10 @@ class OnnxEngine:
             self.max_context if last_only else max(16, _PREFILL_LOGITS_BUDGET // self.config.vocab_size)
         )
         self._seqs: dict[str, _Sequence] = {}
+        # Finished sequences' KV rows, reused by prompts that start with their tokens. Only for shared-buffer
+        # graphs without sliding windows: there a row's keys and values do not depend on its batch or chunk.
+        reusable = lay.shared_buffer and not windows and prefix_cache_bytes > 0
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
         self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
 
     # -- Engine protocol ---------------------------------------------------------------------
@@ -169,12 +180,17 @@ class OnnxEngine:
                 seq.counts[token] = seq.counts.get(token, 0) + 1
         self._acquire(seq)
         try:
+            cached = self._reuse_prefix(seq, list(prompt_ids))
             # The prompt goes in the same chunks as in the original run and generated tokens one at a
             # time, as they were decoded: dynamic int8 (quantize_dynamic, standard layout) quantizes
             # activations per tensor per call, so only replaying the same calls reproduces the same
             # logits bit for bit (and so the same draws) after a crash.
+            # Rows before `cached` came from the prefix cache; the rest of the prompt is prefilled up to the
+            # same chunk boundaries (a chunk of 2+ tokens gives each row what any such chunk gives it).
             for start in range(0, len(prompt_ids), self._prefill_chunk):
-                self._forward(seq, list(prompt_ids[start : start + self._prefill_chunk]))
+                chunk = list(prompt_ids[max(start, cached) : start + self._prefill_chunk])
+                if chunk:
+                    self._forward(seq, chunk)
             for token in generated_ids:
                 self._forward(seq, [token])
         except BaseException:
@@ -225,6 +241,11 @@ class OnnxEngine:
     def active_sequence_ids(self) -> list[str]:
         return list(self._seqs)
 
+    def kv_bytes_per_sequence(self) -> int:
+        """Bytes of KV cache one sequence fills at its longest (what admission by memory budgets for)."""
+        itemsize = self._pool.dtype.itemsize
+        return sum(heads * rows * dim * itemsize for heads, rows, dim in self._pool.row_shapes)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _sample(self, seq: _Sequence) -> TokenOutput:
@@ -244,6 +265,30 @@ class OnnxEngine:
             return out
         return TokenOutput(out.token_id, out.logprob, out.top_logprobs, finish_reason=reason)
 
+    def _reuse_prefix(self, seq: _Sequence, ids: list[int]) -> int:
+        """Copy the longest cached prefix of the prompt `ids` into the sequence's slot, leaving at least
+        its last two tokens to prefill (one alone would take the decode kernels and differ in the last
+        bits from a cold prefill); returns how many tokens the copy covers."""
+        if self.prefix_cache is None:
+            return 0
+        common, entry = self.prefix_cache.match(ids)
+        n = min(common, len(ids) - 2)
+        if n % self._prefill_chunk == self._prefill_chunk - 1:
+            n -= 1  # nor one alone at the end of a prefill chunk
+        if entry is None or n <= 0:
+            return 0
+        for arr, rows in zip(self._pool.arrays, entry.rows, strict=True):
+            arr[seq.slot, :, :n] = rows[:, :n]
+        seq.length = seq.prefilled = n
+        seq.tokens = list(ids[:n])
+        self.prefix_cache.note_hit(n)
+        return n
+
+    def _remember(self, seq: _Sequence) -> None:
+        if self.prefix_cache is not None and seq.slot >= 0 and seq.prefilled > 0:
+            n = seq.prefilled  # decoded rows are not what a prefill of the same tokens would compute
+            self.prefix_cache.put(seq.tokens[:n], [arr[seq.slot, :, :n].copy() for arr in self._pool.arrays])
+
     def _acquire(self, seq: _Sequence) -> None:
         lay = self.layout
         if lay.shared_buffer:
@@ -255,6 +300,7 @@ class OnnxEngine:
             seq.past = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in lay.past_names]
 
     def _release(self, seq: _Sequence) -> None:
+        self._remember(seq)
         if seq.slot >= 0:
             # Keep slots 0..n-1 dense: the last slot's sequence moves into the hole (its filled prefix
             # only). Stale contents beyond a sequence's length are fine: seqlens bound what GQA reads.
@@ -291,9 +337,10 @@ class OnnxEngine:
         self._pool.bind(io, lay.past_names, lay.present_names, first, rows)
         self.session.run_with_iobinding(io)
         logits = io.get_outputs()[0].numpy()
-        for b, seq in enumerate(seqs):
+        for b, (seq, token) in enumerate(batch):
             seq.logits = np.array(logits[b, -1], dtype=np.float32)
             seq.length += 1
+            seq.tokens.append(token)
 
     def _forward(self, seq: _Sequence, ids: Sequence[int]) -> None:
         """Run ids through the model after the cached tokens; updates the cache and next-token logits."""
@@ -320,7 +367,10 @@ class OnnxEngine:
         seq.logits = np.asarray(outs[0].numpy()[0, -1], dtype=np.float32)
         if not lay.shared_buffer:
             seq.past = list(outs[1:])
+        if n >= 2 and seq.prefilled == seq.length:
+            seq.prefilled += n
         seq.length += n
+        seq.tokens.extend(ids)
 
 
 def _compute_masks(constraints: list[LogitsConstraint]) -> None:

@@ -40,35 +40,43 @@ async def tail_events(
     last = after
     pushed: list[StoredEvent] = []
     unreachable_since: float | None = None
-    while draining is None or not draining.is_set():
-        # Events handed over by this process's commit are used directly when they continue the
-        # stream without a gap; anything else (another replica, a missed wake-up) reads the log.
-        fresh = [event for event in pushed if event.sequence_number > last]
-        if fresh and fresh[0].sequence_number == last + 1:
-            batch = fresh
-        else:
-            try:
-                async with db.connect() as connection:
-                    batch = await read(connection, response_id, after=last, limit=500)
-                    if not batch and not await read_models.exists(connection, response_id):
-                        return
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since > outage_limit:
-                    raise StoreUnavailable("The event store is unreachable; retry later.") from exc
-                await asyncio.sleep(poll_interval)
-                continue
-            unreachable_since = None
-        for stored in batch:
-            if stored.sequence_number != last + 1:
-                break  # a gap: an earlier event is not committed yet; never skip it
-            yield stored
-            last = stored.sequence_number
-            if stored.type in TERMINAL_EVENT_TYPES:
-                return
-        pushed = await notifier.wait(response_id, timeout=poll_interval)
+    quiet = 0  # polls in a row that found nothing new
+    # Subscribed before the first read: whatever commits after it is handed over, never missed.
+    with notifier.subscribe(response_id) as subscription:
+        while draining is None or not draining.is_set():
+            # Events handed over by this process's commit are used directly when they continue the
+            # stream without a gap; anything else (another replica, a missed wake-up) reads the log.
+            fresh = [event for event in pushed if event.sequence_number > last]
+            if fresh and fresh[0].sequence_number == last + 1:
+                batch = fresh
+            else:
+                try:
+                    async with db.connect() as connection:
+                        batch = await read(connection, response_id, after=last, limit=500)
+                        if not batch and not await read_models.exists(connection, response_id):
+                            return
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since > outage_limit:
+                        raise StoreUnavailable("The event store is unreachable; retry later.") from exc
+                    await asyncio.sleep(poll_interval)
+                    continue
+                unreachable_since = None
+            for stored in batch:
+                if stored.sequence_number != last + 1:
+                    break  # a gap: an earlier event is not committed yet; never skip it
+                yield stored
+                last = stored.sequence_number
+                if stored.type in TERMINAL_EVENT_TYPES:
+                    return
+            pushed = [event for event in pushed if event.sequence_number > last]
+            if not (pushed and pushed[0].sequence_number == last + 1):
+                # Waiting for a queued run: each quiet poll waits longer (up to 4x), since local commits
+                # are handed over at once and only other replicas' need the poll.
+                quiet = 0 if batch else quiet + 1
+                pushed += await subscription.next(poll_interval * min(4, 1 + quiet))
 
 
 # Deltas OpenAI pads with an `obfuscation` field when a stream asks for it.

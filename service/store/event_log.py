@@ -65,8 +65,14 @@ async def append_events(connection: AsyncConnection, response_id: str, stream_ev
     The caller has called lock_for_append in this transaction. A duplicate
     (response_id, sequence_number) raises SequenceConflict and the transaction must roll back.
     """
-    if not stream_events:
-        return 0
+    return (await append_events_of_runs(connection, [(response_id, stream_events)])).get(response_id, 0)
+
+
+async def append_events_of_runs(
+    connection: AsyncConnection, runs: Sequence[tuple[str, Sequence[dict[str, Any]]]]
+) -> dict[str, int]:
+    """append_events for several responses in one statement (a group commit); response id -> the
+    position of its last event (responses with no events are absent)."""
     now = datetime.now(UTC)
     rows = [
         {
@@ -76,13 +82,20 @@ async def append_events(connection: AsyncConnection, response_id: str, stream_ev
             "data": event_codec.encode(response_id, event),  # compact for token deltas
             "created_at": now,
         }
+        for response_id, stream_events in runs
         for event in stream_events
     ]
+    if not rows:
+        return {}
     try:
-        result = await connection.execute(sa.insert(events).returning(events.c.position), rows)
+        result = await connection.execute(sa.insert(events).returning(events.c.response_id, events.c.position), rows)
     except IntegrityError as exc:
-        raise SequenceConflict(f"sequence numbers of {response_id} already taken") from exc
-    return max(row[0] for row in result)
+        ids = ", ".join(sorted({response_id for response_id, _ in runs}))
+        raise SequenceConflict(f"sequence numbers of {ids} already taken") from exc
+    last: dict[str, int] = {}
+    for response_id, position in result:
+        last[response_id] = max(position, last.get(response_id, 0))
+    return last
 
 
 async def append_fact(connection: AsyncConnection, response_id: str, kind: str, data: dict[str, Any]) -> None:

@@ -97,17 +97,18 @@ async def _commit(engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], l
         await event_log.lock_for_append(connection)
         owned = await leases.fence(connection, owner, [w.response_id for w in writes], lease_seconds=lease_seconds)
         lost = {w.response_id for w in writes} - owned.keys()
-        for write in writes:
-            if write.response_id in lost:
-                continue
-            await _apply_write(connection, write)
+        kept = [w for w in writes if w.response_id not in lost]
+        # One statement per table for the whole group, not per run: a round trip each.
+        await event_log.append_facts(connection, [(w.response_id, kind, data) for w in kept for kind, data in w.facts])
+        positions = await event_log.append_events_of_runs(connection, [(w.response_id, w.events) for w in kept])
+        for write in kept:
+            await _apply_write(connection, write, positions.get(write.response_id, 0))
     return StepOutcome(owned, lost)
 
 
-async def _apply_write(connection: Any, write: RunWrite) -> None:
+async def _apply_write(connection: Any, write: RunWrite, position: int) -> None:
+    """The read models of a write whose facts and events are appended (`position`: its last event's)."""
     rid = write.response_id
-    await event_log.append_facts(connection, [(rid, kind, data) for kind, data in write.facts])
-    position = await event_log.append_events(connection, rid, write.events)
     await read_models.insert_output_items(connection, rid, write.events, input_item_count=write.output_ordinal_base)
     if write.projection is not None and position:
         await read_models.update_response(connection, write.projection, position=position)

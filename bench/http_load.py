@@ -1,0 +1,395 @@
+"""Throughput under load: C concurrent streaming clients through the real server vs the bare engine at batch C.
+
+    .venv/bin/python -m bench.http_load [--models tiny,qwen] [--clients 1,4,8,16,32] [--prompt 128] [--new 128]
+        [--threads 2] [--turns 5] [--database-url URL] [--out docs/benchmarks] [--server-env NAME=VALUE ...]
+
+For each model and each client count C:
+  * http: `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each) POST
+    /v1/responses with stream=true at once and read the SSE stream. Time to first token (TTFT) is from
+    the POST to the first `*.delta` event, inter-token latency (ITL) the gaps between a client's deltas,
+    aggregate tokens/s the output tokens of all C responses (usage) over the wall time from the first
+    POST to the last terminal event.
+  * engine: OnnxEngine in this process, the same C prompts added at once and stepped to the end (what
+    the server's engine does, without HTTP, SSE or the event log); TTFT is from the start to a sequence's
+    first sampled token, ITL the step gaps.
+  * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT per turn,
+    on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0).
+Models: "tiny" = the built-in shape with random weights (never stops: every run makes --new tokens), "qwen" =
+`model build-random --shape qwen2.5-0.5b` (Harmony vocabulary), cached in --work-dir.
+Every prompt is distinct (no prefix shared between clients) and about --prompt tokens long.
+Writes http_load.md (a Markdown table) and http_load.png (tokens/s and TTFT vs clients) under --out.
+The machine is shared: ratios are from one run each; rerun before trusting a small difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from service.engine.base import SamplingParams
+from service.engine.model_dir import ensure_random_model
+from service.engine.onnx_engine import OnnxEngine
+from service.prompting import chat_format_for
+from service.prompting.base import PromptRequest
+from tests.conftest import MODEL_CACHE, ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "oscar",
+    "papa",
+]
+
+
+@dataclass
+class Sample:
+    """What one run of C clients measured."""
+
+    model: str
+    path: str  # "http" or "engine"
+    clients: int
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft: list[float] = field(default_factory=list)  # seconds, one per client
+    itl: list[float] = field(default_factory=list)  # seconds, every gap of every client
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def prompt_texts(model_dir: Path, clients: int, prompt_tokens: int) -> list[str]:
+    """Distinct user messages whose rendered prompts are about `prompt_tokens` long."""
+    chat_format = chat_format_for(model_dir, json.loads((model_dir / "config.json").read_text()))
+    texts = []
+    for i in range(clients):
+        words = [f"client{i}"]
+        # Grow the message until its rendered prompt reaches the target (words are ~1-2 tokens each).
+        while True:
+            text = " ".join(words)
+            if len(chat_format.render(_request(text))) >= prompt_tokens:
+                break
+            words.append(WORDS[(len(words) + i) % len(WORDS)])
+        texts.append(text)
+    return texts
+
+
+def _request(text: str) -> PromptRequest:
+    return PromptRequest(items=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])
+
+
+# -- the bare engine ---------------------------------------------------------------------------------
+
+
+def bare_engine(model: str, model_dir: Path, texts: list[str], new_tokens: int, threads: int) -> Sample:
+    engine = OnnxEngine(model_dir, intra_op_threads=threads)
+    chat_format = chat_format_for(model_dir, json.loads((model_dir / "config.json").read_text()))
+    prompts = [chat_format.render(_request(text)) for text in texts]
+    sample = Sample(model, "engine", len(texts))
+    # Warm-up: ORT allocates and picks kernels on the first runs.
+    engine.add_sequence("warm", prompts[0], SamplingParams(max_new_tokens=2, seed=1))
+    while engine.active_sequence_ids():
+        engine.step()
+    started = time.perf_counter()
+    last: dict[str, float] = {}
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=new_tokens, seed=i)
+        engine.add_sequence(f"s{i}", prompt, params, chat_format.new_constraint())
+    while engine.active_sequence_ids():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for seq_id in outputs:
+            if seq_id in last:
+                sample.itl.append(now - last[seq_id])
+            else:
+                sample.ttft.append(now - started)
+            last[seq_id] = now
+            sample.tokens += 1
+    sample.seconds = time.perf_counter() - started
+    return sample
+
+
+# -- through the server ------------------------------------------------------------------------------
+
+
+async def _one_client(client: httpx.AsyncClient, url: str, text: str, new_tokens: int, seed: int) -> dict[str, object]:
+    body = {"input": text, "max_output_tokens": new_tokens, "stream": True, "seed": seed, "store": True}
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    output_tokens = 0
+    status = "unknown"
+    async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[len("data: ") :])
+            kind = event["type"]
+            if kind.endswith(".delta"):
+                arrivals.append(time.perf_counter())
+            elif kind in ("response.completed", "response.incomplete", "response.failed"):
+                status = event["response"]["status"]
+                output_tokens = int((event["response"].get("usage") or {}).get("output_tokens", 0))
+    return {"started": started, "arrivals": arrivals, "tokens": output_tokens, "status": status}
+
+
+async def _clients(url: str, texts: list[str], new_tokens: int) -> list[dict[str, object]]:
+    limits = httpx.Limits(max_connections=len(texts) + 4, max_keepalive_connections=len(texts) + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        return await asyncio.gather(*(_one_client(client, url, t, new_tokens, i) for i, t in enumerate(texts)))
+
+
+def through_server(model: str, url: str, texts: list[str], new_tokens: int) -> Sample:
+    asyncio.run(_clients(url, texts[:1], 2))  # warm-up
+    results = asyncio.run(_clients(url, texts, new_tokens))
+    sample = Sample(model, "http", len(texts))
+    first = min(float(r["started"]) for r in results)  # type: ignore[arg-type]
+    end = first
+    for result in results:
+        arrivals: list[float] = result["arrivals"]  # type: ignore[assignment]
+        if result["status"] == "failed" or not arrivals:
+            raise RuntimeError(f"a run streamed no delta (status {result['status']}): give it more tokens")
+        sample.ttft.append(arrivals[0] - float(result["started"]))  # type: ignore[arg-type]
+        sample.itl.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+        sample.tokens += int(result["tokens"])  # type: ignore[call-overload]
+        end = max(end, arrivals[-1])
+    sample.seconds = end - first
+    return sample
+
+
+def multi_turn(url: str, turns: int, new_tokens: int, words: int) -> list[float]:
+    """TTFT of each turn of one conversation chained by previous_response_id (seconds)."""
+
+    async def run() -> list[float]:
+        ttfts: list[float] = []
+        previous: str | None = None
+        async with httpx.AsyncClient() as client:
+            warm = {"input": "warm up", "max_output_tokens": 2}  # the server's first run pays ORT's first-run costs
+            (await client.post(url + "/v1/responses", json=warm, timeout=600)).raise_for_status()
+            for turn in range(turns):
+                text = " ".join(WORDS[(turn + i) % len(WORDS)] for i in range(words))
+                body = {"input": f"turn {turn}: {text}", "max_output_tokens": new_tokens, "stream": True, "seed": 1}
+                if previous is not None:
+                    body["previous_response_id"] = previous
+                started = time.perf_counter()
+                first: float | None = None
+                async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        event = json.loads(line[len("data: ") :])
+                        if event["type"] == "response.created":
+                            previous = event["response"]["id"]
+                        elif event["type"].endswith(".delta") and first is None:
+                            first = time.perf_counter()
+                ttfts.append((first or time.perf_counter()) - started)
+        return ttfts
+
+    return asyncio.run(run())
+
+
+# -- models, report ----------------------------------------------------------------------------------
+
+
+def model_dir_for(model: str, work_dir: Path) -> Path:
+    if model == "tiny":
+        return ensure_random_model(MODEL_CACHE, progress=False)
+    if model == "qwen":
+        target = work_dir / "qwen2.5-0.5b-harmony"
+        if not (target / "config.json").exists():
+            command = [sys.executable, "-m", "service", "model", "build-random", "--shape", "qwen2.5-0.5b", str(target)]
+            subprocess.run(command, check=True, cwd=ROOT)
+        return target
+    return Path(model)  # any servable model directory
+
+
+def markdown(
+    samples: list[Sample], prompt: int, new: int, threads: int, turns: dict[tuple[str, str], list[float]]
+) -> str:
+    lines = [
+        f"Prompt ≈{prompt} tokens, {new} output tokens per client, {threads} ORT threads; "
+        f"machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| model | path | clients | tokens/s | × 1 client | http ÷ engine | TTFT p50 ms | TTFT p99 ms "
+        "| ITL p50 ms | ITL p99 ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = {(s.model, s.path): s.tokens_per_second for s in samples if s.clients == min(x.clients for x in samples)}
+    engine = {(s.model, s.clients): s.tokens_per_second for s in samples if s.path == "engine"}
+    for s in samples:
+        one = base.get((s.model, s.path)) or float("nan")
+        ratio = f"{s.tokens_per_second / engine[(s.model, s.clients)]:.2f}" if s.path == "http" else ""
+        lines.append(
+            f"| {s.model} | {s.path} | {s.clients} | {s.tokens_per_second:.1f} | {s.tokens_per_second / one:.2f} "
+            f"| {ratio} | {percentile(s.ttft, 50) * 1e3:.0f} | {percentile(s.ttft, 99) * 1e3:.0f} "
+            f"| {percentile(s.itl, 50) * 1e3:.1f} | {percentile(s.itl, 99) * 1e3:.1f} |"
+        )
+    if turns:
+        count = max(len(t) for t in turns.values())
+        lines += [
+            "",
+            f"Multi-turn: one client, {count} turns chained by previous_response_id (each turn ≈{prompt} new "
+            f"prompt tokens, {new} output tokens); time to first token per turn, ms.",
+            "",
+            "| model | prefix cache | " + " | ".join(f"turn {i + 1}" for i in range(count)) + " | last ÷ first |",
+            "| --- | --- | " + " | ".join("---:" for _ in range(count)) + " | ---: |",
+        ]
+        for (model, cache), ttfts in turns.items():
+            cells = " | ".join(f"{t * 1e3:.0f}" for t in ttfts)
+            lines.append(f"| {model} | {cache} | {cells} | {ttfts[-1] / ttfts[0]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(samples: list[Sample], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for key in sorted({(s.model, s.path) for s in samples}):
+        rows = sorted((s for s in samples if (s.model, s.path) == key), key=lambda s: s.clients)
+        clients = [s.clients for s in rows]
+        left.plot(clients, [s.tokens_per_second for s in rows], marker="o", label=f"{key[0]} {key[1]}")
+        right.plot(clients, [percentile(s.ttft, 50) * 1e3 for s in rows], marker="o", label=f"{key[0]} {key[1]}")
+    left.set(xlabel="concurrent clients", ylabel="aggregate tokens/s", xscale="log", yscale="log", title="throughput")
+    right.set(xlabel="concurrent clients", ylabel="median TTFT (ms)", xscale="log", yscale="log", title="TTFT")
+    ticks = sorted({s.clients for s in samples})
+    for axis in (left, right):
+        axis.set_xticks(ticks, [str(t) for t in ticks])
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def machine() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def run(
+    models: list[str],
+    clients: list[int],
+    *,
+    prompt: int,
+    new: int,
+    threads: int,
+    out: Path,
+    work_dir: Path,
+    database_url: str | None = None,
+    server_env: dict[str, str] | None = None,
+    turns: int = 0,
+) -> list[Sample]:
+    """Measure every (model, path, clients) and write http_load.md / http_load.png under `out`."""
+    samples: list[Sample] = []
+    conversations: dict[tuple[str, str], list[float]] = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for model in models:
+        model_dir = model_dir_for(model, work_dir)
+        texts = prompt_texts(model_dir, max(clients), prompt)
+        for count in clients:
+            samples.append(bare_engine(model, model_dir, texts[:count], new, threads))
+            print(_line(samples[-1]), flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            url = database_url or f"sqlite+aiosqlite:///{tmp}/bench.db"
+            env = {"SERVICE_MODEL": str(model_dir), "SERVICE_INTRA_OP_THREADS": str(threads), **(server_env or {})}
+            server = ServerProcess(url, Path(tmp) / "server.log", **env).start(timeout=600)
+            try:
+                for count in clients:
+                    samples.append(through_server(model, server.url, texts[:count], new))
+                    print(_line(samples[-1]), flush=True)
+            finally:
+                server.stop()
+            for cache, cache_env in (("on", {}), ("off", {"SERVICE_PREFIX_CACHE_BYTES": "0"})) if turns else ():
+                log_path = Path(tmp) / f"turns-{cache}.log"
+                db_url = f"sqlite+aiosqlite:///{tmp}/turns-{cache}.db"
+                server = ServerProcess(db_url, log_path, **env, **cache_env).start(timeout=600)
+                try:
+                    conversations[(model, cache)] = multi_turn(server.url, turns, new, words=prompt // 2)
+                    print(
+                        model,
+                        f"prefix cache {cache}: TTFT per turn (ms)",
+                        [round(t * 1e3) for t in conversations[(model, cache)]],
+                        flush=True,
+                    )
+                finally:
+                    server.stop()
+    samples.sort(key=lambda s: (s.model, s.path != "http", s.clients))
+    (out / "http_load.md").write_text(markdown(samples, prompt, new, threads, conversations))
+    plot(samples, out / "http_load.png")
+    return samples
+
+
+def _line(s: Sample) -> str:
+    return (
+        f"{s.model:6} {s.path:6} clients={s.clients:3} {s.tokens_per_second:8.1f} tok/s  "
+        f"TTFT p50 {percentile(s.ttft, 50) * 1e3:7.0f} ms  ITL p50 {percentile(s.itl, 50) * 1e3:6.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,qwen")
+    parser.add_argument("--clients", default="1,4,8,16,32")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench")
+    parser.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server")
+    parser.add_argument("--turns", type=int, default=5, help="multi-turn part: turns per conversation (0 = skip)")
+    args = parser.parse_args()
+    run(
+        args.models.split(","),
+        [int(c) for c in args.clients.split(",")],
+        prompt=args.prompt,
+        new=args.new,
+        threads=args.threads,
+        out=args.out,
+        work_dir=args.work_dir,
+        database_url=args.database_url,
+        server_env=dict(item.split("=", 1) for item in args.server_env),
+        turns=args.turns,
+    )
+    print((args.out / "http_load.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
