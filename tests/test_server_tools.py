@@ -19,7 +19,7 @@ from cryptography.fernet import Fernet
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, wait_until_terminal
+from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, wait_until_terminal
 from tests.conftest import ServerProcess
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
@@ -224,6 +224,17 @@ def test_allowed_tools_unreachable_and_refused_urls(
     }
     gone = client.responses.create(input="x", tools=[dead], max_output_tokens=4)
     assert gone.output[0].type == "mcp_list_tools" and gone.output[0].error
+    # Forced to call it: nothing else can go on, a 424 in OpenAI's shape, and nothing stored.
+    stored_before = sql_rows(database_url, "SELECT count(*) FROM responses")
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.responses.create(
+            input="x", tools=[dead], tool_choice={"type": "mcp", "server_label": "dead"}, max_output_tokens=4
+        )
+    assert failed.value.status_code == 424
+    error = error_body(failed.value)
+    assert error["type"] == "external_connector_error" and error["param"] == "tools" and error["code"] == "http_error"
+    assert error["message"].startswith("Error retrieving tool list from MCP server: 'dead'.")
+    assert sql_rows(database_url, "SELECT count(*) FROM responses") == stored_before
     for url in ("ftp://example.com/mcp", "http://169.254.169.254/latest", "not a url"):
         refused: Any = dict(dead, server_url=url)
         with pytest.raises(openai.BadRequestError) as raised:
