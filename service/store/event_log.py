@@ -163,6 +163,28 @@ async def delete_log(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.delete(run_facts).where(run_facts.c.response_id == response_id))
 
 
+# The agent loop's tool facts (service/agent_loop.py): each (kind, index) is logged at most once per run.
+TOOL_FACT_KINDS = ("tool_call_started", "tool_call_result")
+
+
+async def logged_tool_facts(
+    connection: AsyncConnection, response_ids: Sequence[str]
+) -> dict[str, set[tuple[str, int]]]:
+    """(kind, index) of each run's tool facts in the log (how a writer learns whether a tool fact whose
+    commit outcome it never heard landed: a tool fact moves no token count and may carry no events)."""
+    found: dict[str, set[tuple[str, int]]] = {rid: set() for rid in response_ids}
+    if not response_ids:
+        return found
+    rows = await connection.execute(
+        sa.select(run_facts.c.response_id, run_facts.c.kind, run_facts.c.data).where(
+            run_facts.c.response_id.in_(list(response_ids)), run_facts.c.kind.in_(TOOL_FACT_KINDS)
+        )
+    )
+    for rid, kind, data in rows:
+        found[rid].add((kind, int(json.loads(data)["index"])))
+    return found
+
+
 async def count_token_facts(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
     """How many `tokens` facts each run has in the log (how a writer learns whether a commit
     whose outcome it never heard actually landed)."""
