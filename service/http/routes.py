@@ -241,7 +241,7 @@ def _starting_after(request: Request) -> int:
 async def cancel_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     response_id_var.set(response_id)
-    return JSONResponse(await _commands(request).cancel(response_id, project=_project(request)))
+    return JSONResponse(hide_outputs(await _commands(request).cancel(response_id, project=_project(request))))
 
 
 async def delete_response(request: Request) -> Response:
