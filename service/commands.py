@@ -30,6 +30,7 @@ from service.protocol import (
     normalize_input,
     wants_logprobs,
 )
+from service.protocol.tools import McpToolChoice
 from service.run_state import sampling_fact
 from service.runs import RunSupervisor
 from service.store import leases, read_models, recorder
@@ -181,6 +182,7 @@ class Commands:
             connector=steps.connector,
             sandbox_unavailable=steps.sandbox_unavailable,
             chat_format=self.runtime.chat_format.name,
+            forced_label=choice.server_label if isinstance(choice := request.tool_choice, McpToolChoice) else None,
         )
         # The model sees function and custom tools as given, and each server's tools in its namespace.
         tools = [t for t in tools if t not in tool_setup.server_specs(tools)] + server_tools.model_tools

@@ -23,6 +23,13 @@ class InvalidRequest(ApiError):
     pass
 
 
+class FailedDependency(ApiError):
+    """An external service the request cannot go on without failed (OpenAI: an MCP server not listed)."""
+
+    status_code = 424
+    error_type = "external_connector_error"
+
+
 class NotFound(ApiError):
     status_code = 404
 

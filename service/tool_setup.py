@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.config import Settings
-from service.errors import InvalidRequest
+from service.errors import FailedDependency, InvalidRequest
 from service.tools import secrets
 from service.tools.mcp import McpConnector, McpServerError
 from service.tools.registry import allowed_tool_names
@@ -51,8 +51,10 @@ async def prepare(
     connector: McpConnector,
     sandbox_unavailable: str | None,
     chat_format: str,
+    forced_label: str | None = None,
 ) -> PreparedTools:
-    """Raises InvalidRequest (400) for what the client got wrong; an unreachable server is an item error."""
+    """Raises InvalidRequest (400) for what the client got wrong; an unreachable server is an item error, or a
+    424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on."""
     specs = server_specs(raw_tools)
     prepared = PreparedTools()
     _find_approval(prepared, history, input_items)
@@ -104,6 +106,12 @@ async def prepare(
             try:
                 infos = await connector.list_tools(spec["server_url"], headers)
             except McpServerError as exc:
+                if label == forced_label:
+                    raise FailedDependency(
+                        f"Error retrieving tool list from MCP server: '{label}'. {exc}",
+                        param="tools",
+                        code="http_error",  # OpenAI's code for this error
+                    ) from None
                 prepared.listed.append({"server_label": label, "tools": [], "error": str(exc)})
                 continue
             tools = [info.as_item() for info in infos if allowed is None or info.name in allowed]

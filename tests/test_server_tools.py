@@ -19,7 +19,7 @@ from cryptography.fernet import Fernet
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, wait_until_terminal
+from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, wait_until_terminal
 from tests.conftest import ServerProcess
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
@@ -224,6 +224,17 @@ def test_allowed_tools_unreachable_and_refused_urls(
     }
     gone = client.responses.create(input="x", tools=[dead], max_output_tokens=4)
     assert gone.output[0].type == "mcp_list_tools" and gone.output[0].error
+    # Forced to call it: nothing else can go on, a 424 in OpenAI's shape, and nothing stored.
+    stored_before = sql_rows(database_url, "SELECT count(*) FROM responses")
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.responses.create(
+            input="x", tools=[dead], tool_choice={"type": "mcp", "server_label": "dead"}, max_output_tokens=4
+        )
+    assert failed.value.status_code == 424
+    error = error_body(failed.value)
+    assert error["type"] == "external_connector_error" and error["param"] == "tools" and error["code"] == "http_error"
+    assert error["message"].startswith("Error retrieving tool list from MCP server: 'dead'.")
+    assert sql_rows(database_url, "SELECT count(*) FROM responses") == stored_before
     for url in ("ftp://example.com/mcp", "http://169.254.169.254/latest", "not a url"):
         refused: Any = dict(dead, server_url=url)
         with pytest.raises(openai.BadRequestError) as raised:
@@ -326,10 +337,61 @@ def test_code_interpreter_round_trip(server_factory: Any, database_url: str) -> 
     assert [t for t in types if t in order][0] == order[0]
     assert all(t in types for t in order)
     assert types.index(order[2]) < types.index(order[3]) < types.index(order[4])
+    assert_outputs_need_include(server.url, client, response.id, [o.model_dump() for o in call.outputs])
+
+
+def ci_items(value: Any) -> list[dict[str, Any]]:
+    """Every code_interpreter_call item inside a JSON value (Response, event, item list)."""
+    if isinstance(value, list):
+        return [item for entry in value for item in ci_items(entry)]
+    if not isinstance(value, dict):
+        return []
+    own = [value] if value.get("type") == "code_interpreter_call" else []
+    return own + [item for entry in value.values() for item in ci_items(entry)]
+
+
+def assert_outputs_need_include(url: str, client: openai.OpenAI, response_id: str, logs: list[Any]) -> None:
+    """As in OpenAI's API, outputs are null unless `include` names them; the log keeps them for a later read."""
+    events = raw_events(url, response_id)
+    assert ci_items(events) and all(item["outputs"] is None for item in ci_items(events))
+    assert all(
+        item.outputs is None
+        for item in client.responses.retrieve(response_id).output
+        if item.type == "code_interpreter_call"
+    )
+    included = client.responses.retrieve(response_id, include=["code_interpreter_call.outputs"])
+    Response.model_validate_json(included.model_dump_json(), strict=True)
+    shown = [item for item in included.output if item.type == "code_interpreter_call"]
+    assert len(shown) == 1 and shown[0].outputs is not None
+    assert [output.model_dump() for output in shown[0].outputs] == logs
+    with httpx.stream(
+        "GET",
+        f"{url}/v1/responses/{response_id}",
+        params={"stream": "true", "include": "code_interpreter_call.outputs"},
+        timeout=60,
+    ) as stream:
+        replayed = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+    done = [e["item"] for e in replayed if e["type"] == "response.output_item.done" and "outputs" in e["item"]]
+    assert done and done[0]["outputs"] == logs
+    streamed = client.responses.create(
+        input="compute something",
+        tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],
+        tool_choice="required",
+        max_tool_calls=1,
+        max_output_tokens=120,
+        stream=True,
+        extra_body={"seed": 3},
+    )
+    sent = [event.model_dump() for event in streamed]
+    assert ci_items(sent) and all(item["outputs"] is None for item in ci_items(sent)), "no include, no outputs"
+    bad = httpx.get(f"{url}/v1/responses/{response_id}", params={"include": "nope"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "include"
 
 
 def test_kill_9_during_a_call_retries_it_once_with_its_key(
-    server_factory: Any, database_url: str, mcp_server: McpServer  # noqa: F811
+    server_factory: Any,
+    database_url: str,
+    mcp_server: McpServer,  # noqa: F811
 ) -> None:
     server: ServerProcess = server_factory(database_url, **BUDGET).start()
     client = client_for(server.url)

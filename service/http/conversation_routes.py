@@ -20,6 +20,7 @@ from service.errors import InvalidRequest
 from service.http.auth import request_project
 from service.http.body import json_body
 from service.http.compaction_routes import manage_context, read_create_body
+from service.http.include_view import CI_OUTPUTS, hide_outputs, query_includes
 from service.protocol import CreateResponseRequest, parse_create_request
 
 
@@ -46,10 +47,11 @@ async def conversation_resource(request: Request) -> Response:
 async def conversation_items(request: Request) -> Response:
     conversation_id = request.path_params["conversation_id"]
     conversations, project = _conversations(request), request_project(request)
-    _include(request)
+    outputs = CI_OUTPUTS in query_includes(request)
     if request.method == "POST":
         body = parse(AddItemsRequest, await json_body(request))
-        return JSONResponse(await conversations.add_items(conversation_id, body, project=project))
+        added = await conversations.add_items(conversation_id, body, project=project)
+        return JSONResponse(added if outputs else hide_outputs(added))
     query = request.query_params
     raw_limit = query.get("limit", "20")
     if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:
@@ -60,7 +62,7 @@ async def conversation_items(request: Request) -> Response:
     checked: Literal["asc", "desc"] = "asc" if order == "asc" else "desc"
     after, limit = query.get("after"), int(raw_limit)
     page = await conversations.list_items(conversation_id, after=after, limit=limit, order=checked, project=project)
-    return JSONResponse(page)
+    return JSONResponse(page if outputs else hide_outputs(page))
 
 
 async def conversation_item(request: Request) -> Response:
@@ -68,27 +70,9 @@ async def conversation_item(request: Request) -> Response:
     conversations, project = _conversations(request), request_project(request)
     if request.method == "DELETE":
         return JSONResponse(await conversations.delete_item(conversation_id, item_id, project=project))
-    _include(request)
-    return JSONResponse(await conversations.get_item(conversation_id, item_id, project=project))
-
-
-# What `include` may name; items here carry everything already, so each adds nothing.
-_INCLUDES = {
-    "message.output_text.logprobs",
-    "file_search_call.results",
-    "web_search_call.results",
-    "web_search_call.action.sources",
-    "message.input_image.image_url",
-    "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs",
-    "reasoning.encrypted_content",
-}
-
-
-def _include(request: Request) -> None:
-    for value in request.query_params.getlist("include") + request.query_params.getlist("include[]"):
-        if value not in _INCLUDES:
-            raise InvalidRequest(f"Invalid value for 'include': {value!r}.", param="include", code="invalid_value")
+    outputs = CI_OUTPUTS in query_includes(request)
+    item = await conversations.get_item(conversation_id, item_id, project=project)
+    return JSONResponse(item if outputs else hide_outputs(item))
 
 
 def _count_request(body: object) -> CreateResponseRequest:

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from service.compaction import CompactRequest
 from service.conversations.protocol import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
 from service.http import openapi_models as m
+from service.http.include_view import INCLUDES
 from service.protocol import CreateResponseRequest
 
 _REF = "#/components/schemas/{model}"
@@ -113,6 +114,11 @@ def _paths() -> dict[str, Any]:
                     _query("stream", {"type": "boolean"}, "Replay the stored events as server-sent events."),
                     _query("starting_after", {"type": "integer", "minimum": -1}, "Resume after this event."),
                     _query("include_obfuscation", {"type": "boolean"}, "Pad delta events with `obfuscation`."),
+                    _query(
+                        "include",
+                        {"type": "array", "items": {"type": "string", "enum": sorted(INCLUDES)}},
+                        "`code_interpreter_call.outputs` shows code interpreter outputs (null otherwise).",
+                    ),
                 ],
             ),
             "delete": _operation(
@@ -190,7 +196,11 @@ def _conversation_paths() -> dict[str, Any]:
     conversation = _json(m.Conversation, "The conversation")
     page = _json(m.ConversationItemList, "Items")
     conversation_id, item_id = _path_param("conversation_id"), _path_param("item_id")
-    include = _query("include", {"type": "array", "items": {"type": "string"}}, "Accepted; items are always whole.")
+    include = _query(
+        "include",
+        {"type": "array", "items": {"type": "string"}},
+        "`code_interpreter_call.outputs` shows code interpreter outputs (null otherwise).",
+    )
     return {
         "/v1/conversations": {
             "post": _operation(

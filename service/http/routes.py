@@ -15,6 +15,7 @@ from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
 from service.http.auth import request_project
 from service.http.compaction_routes import manage_context, read_create_body
+from service.http.include_view import CI_OUTPUTS, hide_event_outputs, hide_outputs, query_includes
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
 from service.limits import SubscriberLimit
@@ -46,14 +47,23 @@ async def create_response(request: Request) -> Response:
             cancel_on_disconnect=not create.background,
             forget_at_end=not create.store,
             obfuscate=bool(create.stream_options and create.stream_options.include_obfuscation),
+            outputs=CI_OUTPUTS in (create.include or []),
         )
     if create.background:
         # The Response as created (queued), like OpenAI: the run may already be further along.
         return JSONResponse(created.response)
-    return await _wait_for_end(request, created.response_id, project=project, forget_at_end=not create.store)
+    return await _wait_for_end(
+        request,
+        created.response_id,
+        project=project,
+        forget_at_end=not create.store,
+        outputs=CI_OUTPUTS in (create.include or []),
+    )
 
 
-async def _wait_for_end(request: Request, response_id: str, *, project: str, forget_at_end: bool) -> Response:
+async def _wait_for_end(
+    request: Request, response_id: str, *, project: str, forget_at_end: bool, outputs: bool
+) -> Response:
     """A plain request is the stream consumed to its terminal event; a client that leaves cancels it."""
     commands = _commands(request)
     state = request.app.state
@@ -87,7 +97,7 @@ async def _wait_for_end(request: Request, response_id: str, *, project: str, for
         raise NotFound(f"Response with id '{response_id}' was deleted while it ran.", param="response_id")
     if forget_at_end:
         await commands.forget_unstored(response_id, project=project)
-    return JSONResponse(terminal["response"])
+    return JSONResponse(terminal["response"] if outputs else hide_outputs(terminal["response"]))
 
 
 async def _disconnected(request: Request) -> None:
@@ -104,6 +114,7 @@ def _stream(
     cancel_on_disconnect: bool,
     forget_at_end: bool = False,
     obfuscate: bool = False,
+    outputs: bool = False,
 ) -> StreamingResponse:
     state = request.app.state
     commands = _commands(request)
@@ -123,7 +134,7 @@ def _stream(
                 outage_limit=state.settings.store_outage_seconds + 60,
                 read=state.stream_reader.read_events,
             ):
-                yield sse_frame(stored, obfuscate=obfuscate)
+                yield sse_frame(stored if outputs else hide_event_outputs(stored), obfuscate=obfuscate)
                 finished = stored.type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
                 await commands.forget_unstored(response_id, project=project)
@@ -161,9 +172,10 @@ async def retrieve_response(request: Request) -> Response:
     project = request_project(request)
     response_id_var.set(response_id)
     stream, after, obfuscate = _flag(request, "stream"), _starting_after(request), _flag(request, "include_obfuscation")
+    outputs = CI_OUTPUTS in query_includes(request)
     response = await commands.get(response_id, project=project)
     if not stream:
-        return JSONResponse(response)
+        return JSONResponse(response if outputs else hide_outputs(response))
     async with request.app.state.db.connect() as connection:
         last = await event_log.last_event(connection, response_id)
     last_number = -1 if last is None else last.sequence_number
@@ -177,7 +189,13 @@ async def retrieve_response(request: Request) -> Response:
         # Nothing left to send: the stream ends at once.
         return StreamingResponse(_nothing(), media_type="text/event-stream", headers=SSE_HEADERS)
     return _stream(
-        request, response_id, project=project, after=after, cancel_on_disconnect=False, obfuscate=obfuscate
+        request,
+        response_id,
+        project=project,
+        after=after,
+        cancel_on_disconnect=False,
+        obfuscate=obfuscate,
+        outputs=outputs,
     )
 
 
@@ -217,7 +235,7 @@ def _starting_after(request: Request) -> int:
 async def cancel_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     response_id_var.set(response_id)
-    return JSONResponse(await _commands(request).cancel(response_id, project=request_project(request)))
+    return JSONResponse(hide_outputs(await _commands(request).cancel(response_id, project=request_project(request))))
 
 
 async def delete_response(request: Request) -> Response:

@@ -205,6 +205,28 @@ async def count_tokens(connection: AsyncConnection, response_ids: Sequence[str])
     return await token_facts.count_tokens(connection, response_ids)
 
 
+# The agent loop's tool facts (service/agent_loop.py): each (kind, index) is logged at most once per run.
+TOOL_FACT_KINDS = ("tool_call_started", "tool_call_result")
+
+
+async def logged_tool_facts(
+    connection: AsyncConnection, response_ids: Sequence[str]
+) -> dict[str, set[tuple[str, int]]]:
+    """(kind, index) of each run's tool facts in the log (how a writer learns whether a tool fact whose
+    commit outcome it never heard landed: a tool fact moves no token count and may carry no events)."""
+    found: dict[str, set[tuple[str, int]]] = {rid: set() for rid in response_ids}
+    if not response_ids:
+        return found
+    rows = await connection.execute(
+        sa.select(run_facts.c.response_id, run_facts.c.kind, run_facts.c.data).where(
+            run_facts.c.response_id.in_(list(response_ids)), run_facts.c.kind.in_(TOOL_FACT_KINDS)
+        )
+    )
+    for rid, kind, data in rows:
+        found[rid].add((kind, int(json.loads(data)["index"])))
+    return found
+
+
 async def last_sequence_numbers(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
     """The last sequence number of each response (-1 when it has none)."""
     if not response_ids:

@@ -21,15 +21,12 @@ from service.store import event_log
 from service.store.schema import responses, run_facts, runs
 from service.store.token_facts import merge_token_facts
 
-# service/agent_loop.py's facts: a run with tool calls keeps its token chunks apart, since replay feeds each
-# tool result back between the tokens it came between (one merged chunk would lose that order).
-TOOL_KINDS = ("tool_call_started", "tool_call_result")
-
 
 async def compact_finished_runs(
     db: AsyncEngine, *, batch_size: int = 50, grace_seconds: float = 60.0, now: float | None = None
 ) -> int:
     """Fold the token facts of up to `batch_size` finished runs, one short transaction; returns how many."""
+    tool_kinds = event_log.TOOL_FACT_KINDS
     cutoff = (time.time() if now is None else now) - grace_seconds
     async with db.connect() as connection:  # choose on a read snapshot: no write lock while scanning
         many = (
@@ -44,7 +41,9 @@ async def compact_finished_runs(
             .join(responses, responses.c.id == runs.c.response_id)
             .join(many, many.c.response_id == runs.c.response_id)
             .where(runs.c.done.is_(True), responses.c.created_at < cutoff)
-            .where(~sa.exists().where(run_facts.c.response_id == runs.c.response_id, run_facts.c.kind.in_(TOOL_KINDS)))
+            # A run with tool calls keeps its token chunks apart: replay feeds each tool result back
+            # between the tokens it came between, which one merged chunk would lose.
+            .where(~sa.exists().where(run_facts.c.response_id == runs.c.response_id, run_facts.c.kind.in_(tool_kinds)))
             .limit(batch_size)
         )
         ids = list((await connection.scalars(query)).all())

@@ -121,14 +121,20 @@ async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
     """The runs whose write is already in the log (a commit cut off before its answer may
     have landed). Raises when the store cannot be read."""
     ids = [w.response_id for w in writes]
+    tool_facts = {w.response_id: _tool_facts(w) for w in writes}
     async with engine.connect() as connection:
         token_counts = await event_log.count_tokens(connection, ids)
         last_sequence = await event_log.last_sequence_numbers(connection, ids)
+        with_tools = [rid for rid, facts in tool_facts.items() if facts]
+        logged_tools = await event_log.logged_tool_facts(connection, with_tools)
     found: set[str] = set()
     for write in writes:
         rid = write.response_id
         tokens = sum(len(data["ids"]) for kind, data in write.facts if kind == "tokens")
-        if tokens:
+        if tool_facts[rid]:  # exact: the write's own tool facts (one transaction: all landed or none)
+            if tool_facts[rid] <= logged_tools[rid]:
+                found.add(rid)
+        elif tokens:
             if token_counts[rid] >= write.token_facts_before + tokens:
                 found.add(rid)
         elif write.events:
@@ -137,6 +143,10 @@ async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
         else:
             found.add(rid)  # nothing to write
     return found
+
+
+def _tool_facts(write: RunWrite) -> set[tuple[str, int]]:
+    return {(kind, int(data["index"])) for kind, data in write.facts if kind in event_log.TOOL_FACT_KINDS}
 
 
 async def request_cancel(engine: AsyncEngine, response_id: str, *, project: str | None) -> bool:
