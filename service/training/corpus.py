@@ -61,9 +61,12 @@ def _reasoning(sentences: list[str], effort: Effort, base: int = 1) -> str:
 
 
 def _decision(topic: str, name: str, available: bool) -> list[str]:
-    """The reasoning of a request some tool serves: the tool it needs is named before the decision, so
-    deciding is looking that name up among the developer message's tools (an exact token match)."""
-    return [f"The user wants {topic}.", f"Tool {name}: {'available' if available else 'not available'}."]
+    """The reasoning of a request some tool serves. (Naming the needed tool before deciding, "Tool NAME:
+    available", was tried: the 2,400-step model then decided worse, 82% against 87%.)"""
+    return [
+        f"The user wants {topic}.",
+        f"The {name} tool can get it." if available else "No available tool can get it.",
+    ]
 
 
 def _cap(text: str) -> str:
@@ -237,7 +240,6 @@ def make_sample(rng: np.random.Generator) -> Sample:
             _decision(topic, use.name, True)
             + [f"Call it with {use.param} {use.value}.", "The result will come back as a tool message."],
             effort,
-            base=2,
         )
         if r < 0.28:
             steps = (Step("analysis", think), Step("call", arguments, use.name))
@@ -262,9 +264,7 @@ def make_sample(rng: np.random.Generator) -> Sample:
         missing = [t for t in TOOLS if t.name not in names]
         use = _random_tool_use(rng, missing[int(rng.integers(len(missing)))])
         topic = use.spec.topic.format(v=use.value)
-        think = _reasoning(
-            _decision(topic, use.name, False) + ["I will say so politely.", "Keep it short."], effort, base=2
-        )
+        think = _reasoning(_decision(topic, use.name, False) + ["I will say so politely.", "Keep it short."], effort)
         answer = _pick(
             rng,
             [

@@ -26,7 +26,9 @@ class ToolSpec:
     output: Callable[[np.random.Generator, str], Output]
     answers: tuple[str, ...]  # final answers after the tool result: {v} and the output's keys
     salient: str  # the output key whose value the answer must contain
-    param_variants: tuple[str, ...] = ()  # other names clients give the parameter ("location" for "city")
+    # Other names clients give the parameter ("location" for "city"). None in the shipped corpus: with 30%
+    # variants the 2,400-step model wrote the usual name regardless of the schema (argument copied 79%).
+    param_variants: tuple[str, ...] = ()
 
     def schema(self, param: str | None = None) -> dict[str, Any]:
         param = param or self.param
@@ -132,7 +134,6 @@ TOOLS: tuple[ToolSpec, ...] = (
             "In {v} it is {temperature} degrees and {condition}.",
         ),
         "temperature",
-        ("location",),
     ),
     ToolSpec(
         "get_time",
@@ -151,7 +152,6 @@ TOOLS: tuple[ToolSpec, ...] = (
         _time,
         ("The local time in {v} is {time}.", "In {v} it is now {time}."),
         "time",
-        ("location",),
     ),
     ToolSpec(
         "get_stock_price",
@@ -170,7 +170,6 @@ TOOLS: tuple[ToolSpec, ...] = (
         _stock,
         ("The price of {v} is {price} dollars.", "{v} is trading at {price} dollars."),
         "price",
-        ("ticker",),
     ),
     ToolSpec(
         "get_exchange_rate",
