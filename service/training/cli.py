@@ -25,7 +25,6 @@ def add_train_builtin(subparsers: argparse._SubParsersAction) -> None:
     for name in _OPTIONS:
         value = defaults[name]
         p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value, help=f"default {value}")
-    p.add_argument("--untied-head", action="store_true", help="train the output head apart from the embedding")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_train_builtin)
 
@@ -42,8 +41,6 @@ def _train_builtin(args: argparse.Namespace) -> int:
     from service.training.config import DEFAULT_TRAIN_CONFIG
 
     cfg = replace(DEFAULT_TRAIN_CONFIG, **{name: getattr(args, name) for name in _OPTIONS})
-    if args.untied_head:
-        cfg = replace(cfg, tie_head=False)
     started = time.monotonic()
     model = train(cfg, progress=not args.no_progress)
     manifest, onnx_dir = export(model, args.out)

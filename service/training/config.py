@@ -23,7 +23,6 @@ class TrainConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     intermediate_size: int = 384
-    tie_head: bool = True  # train the output head as the embedding (copying rare tokens generalises); exported untied
     unk_rate: float = 0.01  # prompt tokens replaced by UNK, so unseen user text is not out of distribution
     threads: int = 1
 

@@ -55,18 +55,9 @@ def _assistant(text: str) -> ConversationItem:
     return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
 
 
-def _reasoning(sentences: list[str], effort: Effort, base: int = 1) -> str:
-    """Low effort: `base` sentences; medium: one more; high: two more (effort-dependent length)."""
-    return " ".join(sentences[: base + {"low": 0, "medium": 1, "high": 2}[effort]])
-
-
-def _decision(topic: str, name: str, available: bool) -> list[str]:
-    """The reasoning of a request some tool serves. (Naming the needed tool before deciding, "Tool NAME:
-    available", was tried: the 2,400-step model then decided worse, 82% against 87%.)"""
-    return [
-        f"The user wants {topic}.",
-        f"The {name} tool can get it." if available else "No available tool can get it.",
-    ]
+def _reasoning(sentences: list[str], effort: Effort) -> str:
+    """Low effort: one sentence; medium: two; high: three (effort-dependent length)."""
+    return " ".join(sentences[: {"low": 1, "medium": 2, "high": 3}[effort]])
 
 
 def _cap(text: str) -> str:
@@ -201,8 +192,7 @@ def _tool_request(rng: np.random.Generator, use: _ToolUse) -> str:
 
 
 def _random_tool_use(rng: np.random.Generator, spec: ToolSpec) -> _ToolUse:
-    param = _pick(rng, spec.param_variants) if spec.param_variants and rng.random() < 0.3 else spec.param
-    return _ToolUse(spec, spec.name, param, _pick(rng, spec.values))
+    return _ToolUse(spec, spec.name, spec.param, _pick(rng, spec.values))
 
 
 def _history(rng: np.random.Generator) -> list[ConversationItem]:
@@ -224,24 +214,23 @@ def make_sample(rng: np.random.Generator) -> Sample:
     n_tools = int(rng.choice([0, 1, 1, 2, 2, 3, 3, 4]))
     order = rng.permutation(len(TOOLS))[:n_tools]
     uses = [_random_tool_use(rng, TOOLS[int(i)]) for i in order]
-    tools: tuple[FunctionTool, ...] = tuple(u.spec.schema(u.param) for u in uses)
+    tools: tuple[FunctionTool, ...] = tuple(u.spec.schema() for u in uses)
     items = _history(rng)
     r = rng.random()
 
     def request(extra: list[ConversationItem]) -> PromptRequest:
         return PromptRequest(items=items + extra, instructions=instructions, tools=tools, reasoning_effort=effort)
 
-    if uses and r < 0.58:  # a call (28%) or the answer after its result (30%)
+    if uses and r < 0.6:
         use = uses[int(rng.integers(len(uses)))]
         topic = use.spec.topic.format(v=use.value)
         user = _tool_request(rng, use)
         arguments = json.dumps({use.param: use.value})
         think = _reasoning(
-            _decision(topic, use.name, True)
-            + [f"Call it with {use.param} {use.value}.", "The result will come back as a tool message."],
+            [f"The user wants {topic}.", f"The {use.name} tool can get it.", f"Call it with {use.param} {use.value}."],
             effort,
         )
-        if r < 0.28:
+        if r < 0.3:
             steps = (Step("analysis", think), Step("call", arguments, use.name))
             return Sample(request([_user(user)]), steps, "call", tool=use.name, argument=(use.param, use.value))
         output = use.spec.output(rng, use.value)
@@ -258,13 +247,15 @@ def make_sample(rng: np.random.Generator) -> Sample:
         )
         steps = (Step("analysis", think), Step("final", answer))
         return Sample(request(turn), steps, "after_tool", salient=salient)
-    if r < 0.82:
-        # A request for something no given tool does (24%): say so, without a call.
+    if r < 0.75:
+        # A request for something no given tool does: say so, without a call.
         names = {u.spec.name for u in uses}
         missing = [t for t in TOOLS if t.name not in names]
         use = _random_tool_use(rng, missing[int(rng.integers(len(missing)))])
         topic = use.spec.topic.format(v=use.value)
-        think = _reasoning(_decision(topic, use.name, False) + ["I will say so politely.", "Keep it short."], effort)
+        think = _reasoning(
+            [f"The user wants {topic}.", "No available tool can get it.", "I will say so politely."], effort
+        )
         answer = _pick(
             rng,
             [

@@ -88,7 +88,7 @@ class Backbone(nn.Module):
 class Decoder(nn.Module):
     """`config.vocab_size` is the compact vocabulary; state_dict() keys are the engine's weight names."""
 
-    def __init__(self, config: DecoderConfig, max_len: int = 1024, tie_head: bool = False) -> None:
+    def __init__(self, config: DecoderConfig, max_len: int = 1024) -> None:
         super().__init__()
         self.config = config
         self.model = Backbone(config)
@@ -102,8 +102,6 @@ class Decoder(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.num_layers))
-        if tie_head:  # one shared table; state_dict() still holds both names, so the export stays untied
-            self.lm_head.weight = self.model.embed_tokens.weight
 
     @staticmethod
     def _init(module: nn.Module) -> None:

@@ -26,12 +26,9 @@ class ToolSpec:
     output: Callable[[np.random.Generator, str], Output]
     answers: tuple[str, ...]  # final answers after the tool result: {v} and the output's keys
     salient: str  # the output key whose value the answer must contain
-    # Other names clients give the parameter ("location" for "city"). None in the shipped corpus: with 30%
-    # variants the 2,400-step model wrote the usual name regardless of the schema (argument copied 79%).
-    param_variants: tuple[str, ...] = ()
 
-    def schema(self, param: str | None = None) -> dict[str, Any]:
-        param = param or self.param
+    def schema(self) -> dict[str, Any]:
+        param = self.param
         return {
             "type": "function",
             "name": self.name,
@@ -61,33 +58,24 @@ def _pick(rng: np.random.Generator, seq: tuple[str, ...] | list[str]) -> str:
     return seq[int(rng.integers(len(seq)))]
 
 
-# Numbers are drawn so that every number token is one of the ~110 one- and two-digit tokens ("7", "42"):
-# each is seen often enough in training for the model to copy it, which it cannot do for the 1,000
-# three-digit tokens ("642") of the tokenizer, each too rare in a corpus this size.
-
-
-def _two(rng: np.random.Generator, low: int = 0, high: int = 100) -> str:
-    return f"{int(rng.integers(low, high)):02d}"
-
-
 def _weather(rng: np.random.Generator, v: str) -> Output:
-    return {"city": v, "temperature": int(rng.integers(0, 41)), "condition": _pick(rng, words.CONDITIONS)}
+    return {"city": v, "temperature": int(rng.integers(-10, 41)), "condition": _pick(rng, words.CONDITIONS)}
 
 
 def _time(rng: np.random.Generator, v: str) -> Output:
-    return {"city": v, "time": f"{_two(rng, 0, 24)}:{_two(rng, 0, 60)}"}
+    return {"city": v, "time": f"{int(rng.integers(0, 24)):02d}:{int(rng.integers(0, 60)):02d}"}
 
 
 def _stock(rng: np.random.Generator, v: str) -> Output:
-    return {"symbol": v, "price": f"{int(rng.integers(10, 100))}.{_two(rng)}"}
+    return {"symbol": v, "price": f"{rng.integers(5, 900)}.{rng.integers(0, 100):02d}"}
 
 
 def _rate(rng: np.random.Generator, v: str) -> Output:
-    return {"currency": v, "rate": f"{int(rng.integers(0, 3))}.{_two(rng)}"}
+    return {"currency": v, "rate": f"{rng.integers(0, 3)}.{rng.integers(0, 1000):03d}"}
 
 
 def _population(rng: np.random.Generator, v: str) -> Output:
-    return {"country": v, "population": f"{int(rng.integers(1, 100))} million"}
+    return {"country": v, "population": f"{int(rng.integers(1, 300))} million"}
 
 
 def _define(rng: np.random.Generator, v: str) -> Output:
@@ -130,8 +118,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "the weather in {v}",
         _weather,
         (
-            "The temperature in {v} is {temperature} degrees and it is {condition}.",
-            "In {v} it is {temperature} degrees and {condition}.",
+            "It is {condition} in {v} with a temperature of {temperature} degrees.",
+            "The weather in {v} is {condition} and {temperature} degrees.",
+            "Right now {v} is {condition}, {temperature} degrees.",
         ),
         "temperature",
     ),
@@ -150,7 +139,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         "the local time in {v}",
         _time,
-        ("The local time in {v} is {time}.", "In {v} it is now {time}."),
+        ("The local time in {v} is {time}.", "It is {time} in {v} right now.", "In {v} it is now {time}."),
         "time",
     ),
     ToolSpec(
@@ -168,7 +157,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         "the stock price of {v}",
         _stock,
-        ("The price of {v} is {price} dollars.", "{v} is trading at {price} dollars."),
+        ("{v} is trading at {price} dollars.", "The latest price of {v} is {price} dollars.", "{v}: {price} dollars."),
         "price",
     ),
     ToolSpec(
@@ -185,7 +174,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         "the exchange rate of {v}",
         _rate,
-        ("The rate is {rate} {v} per dollar.", "One US dollar buys {rate} {v}."),
+        ("One US dollar buys {rate} {v}.", "The rate is {rate} {v} per dollar.", "Today one dollar is {rate} {v}."),
         "rate",
     ),
     ToolSpec(
@@ -202,7 +191,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         ),
         "the population of {v}",
         _population,
-        ("The population of {v} is about {population}.", "About {population} people live in {v}."),
+        ("{v} has a population of about {population}.", "About {population} people live in {v}."),
         "population",
     ),
     ToolSpec(

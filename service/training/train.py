@@ -97,7 +97,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     decoder = cfg.decoder(vocab_size)
     max_len = max(len(s) for s in corpus.sequences)
     log(f"compact vocabulary {vocab_size} ids ({len(corpus.target_ids)} writable), longest sequence {max_len}")
-    model = Decoder(decoder, max_len=max_len, tie_head=cfg.tie_head)
+    model = Decoder(decoder, max_len=max_len)
     # Ids the corpus never writes get no probability mass, in training as in the exported model.
     index = {int(t): i + 1 for i, t in enumerate(corpus.vocab_ids)}
     bias = torch.full((vocab_size,), float("-inf"))
