@@ -188,6 +188,25 @@ class ServerProcess:
         self.process = None
 
 
+def server_on_backend(backend: str, tmp: Path, **env: str) -> Iterator[ServerProcess]:
+    """A started server on a fresh "sqlite" or "postgresql" database, stopped (and the database dropped)
+    afterwards: the body of the module-scoped `server` fixtures (`yield from server_on_backend(...)`)."""
+    name = None
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
+    else:
+        if _PG_SKIP_REASON:
+            pytest.skip(_PG_SKIP_REASON)
+        url, name = create_postgres_database()
+    process = ServerProcess(url, tmp / "server.log", **env).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        if name:
+            drop_postgres_database(name)
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
     servers: list[ServerProcess] = []

@@ -27,7 +27,7 @@ from tests.api_helpers import (
     text_from_deltas,
     wait_until_terminal,
 )
-from tests.conftest import _PG_SKIP_REASON, ServerProcess, create_postgres_database, drop_postgres_database
+from tests.conftest import ServerProcess, server_on_backend
 
 LONG = 3000  # output tokens: long enough to still be running when a test cancels or disconnects
 
@@ -37,18 +37,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"api-{request.param}")
-    name = None
-    if request.param == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
-    else:
-        if _PG_SKIP_REASON:
-            pytest.skip(_PG_SKIP_REASON)
-        url, name = create_postgres_database()
-    process = ServerProcess(url, tmp / "server.log", SERVICE_MAX_BODY_BYTES="200000").start()
-    yield process
-    process.stop()
-    if name:
-        drop_postgres_database(name)
+    yield from server_on_backend(request.param, tmp, SERVICE_MAX_BODY_BYTES="200000")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from service.engine.model_dir import (
     read_manifest,
 )
 from tests.api_helpers import client_for
-from tests.conftest import _PG_SKIP_REASON, ServerProcess, create_postgres_database, drop_postgres_database
+from tests.conftest import ServerProcess, server_on_backend
 
 # The targets; the manifest records what bench/builtin_quality.py measured.
 TARGETS = {
@@ -142,18 +142,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, builtin_model_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"builtin-{request.param}")
-    name = None
-    if request.param == "sqlite":
-        url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
-    else:
-        if _PG_SKIP_REASON:
-            pytest.skip(_PG_SKIP_REASON)
-        url, name = create_postgres_database()
-    process = ServerProcess(url, tmp / "server.log", SERVICE_MODEL=str(builtin_model_dir)).start()
-    yield process
-    process.stop()
-    if name:
-        drop_postgres_database(name)
+    yield from server_on_backend(request.param, tmp, SERVICE_MODEL=str(builtin_model_dir))
 
 
 @pytest.fixture
