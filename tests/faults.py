@@ -112,6 +112,23 @@ class SQLiteLocker:
         self.process.wait(60)
 
 
+def assert_doctor_clean_and_projections_rebuild(database_url: str) -> None:
+    """`doctor` passes, and `rebuild-projections` gives back the same response and item tables."""
+    from tests.api_helpers import sql_rows
+
+    report = doctor(database_url)
+    assert report.returncode == 0, report.stdout + report.stderr
+    tables = ("SELECT * FROM responses ORDER BY id", "SELECT * FROM conversation_items ORDER BY response_id, ordinal")
+    before = [sql_rows(database_url, sql) for sql in tables]
+    subprocess.run(
+        [sys.executable, "-m", "service", "rebuild-projections"],
+        cwd=ROOT,
+        check=True,
+        env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
+    )
+    assert [sql_rows(database_url, sql) for sql in tables] == before
+
+
 def doctor(database_url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SERVICE_DATABASE_URL": database_url}
     return subprocess.run(

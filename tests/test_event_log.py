@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 import sqlalchemy as sa
@@ -11,15 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.protocol import derived_id
 from service.store import event_log, token_facts
-from service.store.db import create_engine, migrate
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
-    await migrate(database_url)
-    engine = create_engine(database_url)
-    yield engine
-    await engine.dispose()
+from service.store.db import create_engine
 
 
 def _events(first: int, count: int) -> list[dict[str, object]]:

@@ -4,21 +4,11 @@ are claimable again, and the fence renews only what a worker still owns."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import leases
-from service.store.db import create_engine, migrate
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
-    await migrate(database_url)
-    engine = create_engine(database_url)
-    yield engine
-    await engine.dispose()
+from service.store.db import create_engine
 
 
 async def _enqueue(db: AsyncEngine, count: int) -> list[str]:

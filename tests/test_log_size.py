@@ -7,37 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import httpx
-import sqlalchemy as sa
 
 from service.prompting.harmony import HarmonyFormat
 from service.run_state import replay_run
 from service.store import event_log
 from service.store.db import create_engine
 from service.store.token_facts import merge_token_facts
-from tests.api_helpers import client_for
-from tests.conftest import ROOT, ServerProcess
-from tests.faults import doctor
+from tests.api_helpers import client_for, sql_rows
+from tests.conftest import ServerProcess
+from tests.faults import assert_doctor_clean_and_projections_rebuild
 
 ServerFactory = Callable[..., ServerProcess]
-
-
-def _query(database_url: str, sql: str) -> list[tuple[Any, ...]]:
-    async def run() -> list[tuple[Any, ...]]:
-        db = create_engine(database_url)
-        try:
-            async with db.connect() as connection:
-                return [tuple(row) for row in await connection.execute(sa.text(sql))]
-        finally:
-            await db.dispose()
-
-    return asyncio.run(run())
 
 
 def _read_events(database_url: str, response_id: str) -> list[event_log.StoredEvent]:
@@ -83,7 +67,7 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
     responses = {rid: client.responses.retrieve(rid).model_dump() for rid in ids}
     server.stop()
     facts_sql = "SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM run_facts WHERE kind = 'tokens'"
-    ((rows_before, bytes_before),) = _query(database_url, facts_sql)
+    ((rows_before, bytes_before),) = sql_rows(database_url, facts_sql)
     generated = sum(r["usage"]["output_tokens"] for r in responses.values())
     assert len(ids) <= rows_before < generated  # a few chunks per run while live, not one per token
 
@@ -91,9 +75,9 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
         database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="0", SERVICE_RETENTION_SWEEP_SECONDS="0.2"
     ).start()
     deadline = time.monotonic() + 60
-    while _query(database_url, facts_sql)[0][0] != len(ids) and time.monotonic() < deadline:
+    while sql_rows(database_url, facts_sql)[0][0] != len(ids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    ((rows_after, bytes_after),) = _query(database_url, facts_sql)
+    ((rows_after, bytes_after),) = sql_rows(database_url, facts_sql)
     assert rows_after == len(ids)
     print(
         f"tokens facts: {rows_before} rows, {bytes_before / generated:.1f} data bytes/token -> "
@@ -109,7 +93,8 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
     # Replaying the one compacted fact regenerates exactly the logged events (as resume does).
     fmt = HarmonyFormat()
     for rid in ids:
-        facts = _query(database_url, f"SELECT kind, data FROM run_facts WHERE response_id = '{rid}' ORDER BY position")
+        by_position = "SELECT kind, data FROM run_facts WHERE response_id = :r ORDER BY position"
+        facts = sql_rows(database_url, by_position, r=rid)
         request = next(json.loads(data) for kind, data in facts if kind == "request")
         tokens = [json.loads(data) for kind, data in facts if kind == "tokens"]
         logged = [e.payload() for e in _read_events(database_url, rid)]
@@ -120,14 +105,4 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
             e["type"].endswith(".delta") for e in logged
         )
 
-    report = doctor(database_url)
-    assert report.returncode == 0, report.stdout + report.stderr
-    tables = ("SELECT * FROM responses ORDER BY id", "SELECT * FROM conversation_items ORDER BY response_id, ordinal")
-    before = [_query(database_url, sql) for sql in tables]
-    subprocess.run(
-        [sys.executable, "-m", "service", "rebuild-projections"],
-        cwd=ROOT,
-        check=True,
-        env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
-    )
-    assert [_query(database_url, sql) for sql in tables] == before
+    assert_doctor_clean_and_projections_rebuild(database_url)

@@ -8,37 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import sqlalchemy as sa
 
 from service.prompting.harmony import HarmonyFormat
 from service.store import event_log
 from service.store.db import create_engine, migrate
 from service.stream_record import StreamReader, decode_record, encode_record
-from tests.api_helpers import client_for
-from tests.conftest import ROOT, ServerProcess
-from tests.faults import doctor
+from tests.api_helpers import client_for, sql_rows
+from tests.conftest import ServerProcess
+from tests.faults import assert_doctor_clean_and_projections_rebuild
 
 ServerFactory = Callable[..., ServerProcess]
-
-
-def _query(database_url: str, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    async def run() -> list[tuple[Any, ...]]:
-        db = create_engine(database_url)
-        try:
-            async with db.begin() as connection:
-                result = await connection.execute(sa.text(sql), params)
-                return [tuple(row) for row in result] if result.returns_rows else []
-        finally:
-            await db.dispose()
-
-    return asyncio.run(run())
 
 
 def _replayed(url: str, response_id: str, after: int = -1) -> bytes:
@@ -73,18 +57,18 @@ def test_compacted_streams_replay_byte_identical(database_url: str, server_facto
     server.stop()
 
     generated = sum(r["usage"]["output_tokens"] for r in retrieved.values())
-    ((compact_rows,),) = _query(database_url, "SELECT COUNT(*) FROM events WHERE data LIKE '[%'")
-    ((token_rows,),) = _query(database_url, "SELECT COUNT(*) FROM run_facts WHERE kind = 'tokens'")
+    ((compact_rows,),) = sql_rows(database_url, "SELECT COUNT(*) FROM events WHERE data LIKE '[%'")
+    ((token_rows,),) = sql_rows(database_url, "SELECT COUNT(*) FROM run_facts WHERE kind = 'tokens'")
     assert compact_rows >= generated // 2  # deltas are stored as [output_index, delta(, logprobs)]
     assert token_rows < generated // 4  # token ids in a few chunks per run, not a row per step
     # Tamper with one stored delta: that response no longer regenerates, so compaction leaves it alone.
-    _query(
+    sql_rows(
         database_url,
         "UPDATE events SET data = '[0,\"forged\"]' WHERE response_id = :rid AND sequence_number = "
         "(SELECT MAX(sequence_number) FROM events WHERE response_id = :rid AND data LIKE '[%')",
         rid=tampered,
     )
-    ((tampered_events,),) = _query(database_url, "SELECT COUNT(*) FROM events WHERE response_id = :r", r=tampered)
+    ((tampered_events,),) = sql_rows(database_url, "SELECT COUNT(*) FROM events WHERE response_id = :r", r=tampered)
 
     server = server_factory(
         database_url,
@@ -94,12 +78,12 @@ def test_compacted_streams_replay_byte_identical(database_url: str, server_facto
     ).start()
     marked = "SELECT COUNT(*) FROM run_facts WHERE kind IN ('token_record', 'not_compactable')"
     deadline = time.monotonic() + 60
-    while _query(database_url, marked)[0][0] < len(ids) + 1 and time.monotonic() < deadline:
+    while sql_rows(database_url, marked)[0][0] < len(ids) + 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     for rid in ids:
-        kinds = _query(database_url, "SELECT kind FROM run_facts WHERE response_id = :r ORDER BY position", r=rid)
+        kinds = sql_rows(database_url, "SELECT kind FROM run_facts WHERE response_id = :r ORDER BY position", r=rid)
         assert sorted(kind for (kind,) in kinds) == ["request", "token_record"]
-        rows = _query(database_url, "SELECT sequence_number, type FROM events WHERE response_id = :r", r=rid)
+        rows = sql_rows(database_url, "SELECT sequence_number, type FROM events WHERE response_id = :r", r=rid)
         assert len(rows) == 2 and rows[0] == (0, "response.created")
         last = rows[1][0]
         assert _replayed(server.url, rid) == live[rid]
@@ -107,25 +91,15 @@ def test_compacted_streams_replay_byte_identical(database_url: str, server_facto
             tail = _replayed(server.url, rid, after=after)
             assert live[rid].endswith(tail) and tail.startswith(b"event: response."), after
         assert client_for(server.url).responses.retrieve(rid).model_dump() == retrieved[rid]
-    assert _query(
+    assert sql_rows(
         database_url, "SELECT kind FROM run_facts WHERE response_id = :r AND kind = 'not_compactable'", r=tampered
     ) == [("not_compactable",)]
-    assert _query(database_url, "SELECT COUNT(*) FROM events WHERE response_id = :r", r=tampered) == [
+    assert sql_rows(database_url, "SELECT COUNT(*) FROM events WHERE response_id = :r", r=tampered) == [
         (tampered_events,)
     ]
     server.stop()
 
-    report = doctor(database_url)
-    assert report.returncode == 0, report.stdout + report.stderr
-    tables = ("SELECT * FROM responses ORDER BY id", "SELECT * FROM conversation_items ORDER BY response_id, ordinal")
-    before = [_query(database_url, sql) for sql in tables]
-    subprocess.run(
-        [sys.executable, "-m", "service", "rebuild-projections"],
-        cwd=ROOT,
-        check=True,
-        env={"SERVICE_DATABASE_URL": database_url, "PATH": "/usr/bin:/bin"},
-    )
-    assert [_query(database_url, sql) for sql in tables] == before
+    assert_doctor_clean_and_projections_rebuild(database_url)
 
 
 def test_token_record_round_trip() -> None:

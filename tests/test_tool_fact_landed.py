@@ -3,25 +3,14 @@ a tool fact is judged by the fact itself (its kind and call index), not by the t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import agent_loop
 from service.store import event_log, recorder
-from service.store.db import create_engine, migrate
 
 RID = "resp_toolfactlanded0001"
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
-    await migrate(database_url)
-    engine = create_engine(database_url)
-    yield engine
-    await engine.dispose()
 
 
 async def log(db: AsyncEngine, kind: str, data: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.agent_loop import RESULT, STARTED, PlannedCall, ToolCalls, execute, idempotency_key
 from service.store import event_log
-from service.store.db import create_engine, migrate
 from service.tools import secrets
 from service.tools.mcp import IDEMPOTENCY_META_KEY, McpConnector, McpUrlRefused, check_server_url
 from service.tools.registry import (
@@ -70,14 +69,6 @@ def mcp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpServer]:
     yield McpServer(f"http://127.0.0.1:{port}/mcp", ledger)
     process.terminate()
     process.wait(timeout=10)
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
-    await migrate(database_url)
-    engine = create_engine(database_url)
-    yield engine
-    await engine.dispose()
 
 
 def connector(timeout: float = 10.0, max_output_bytes: int = 4096) -> McpConnector:
