@@ -68,18 +68,18 @@ async def prepare(
         )
     except ServerToolRefused as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
-    if chat_format != "harmony":
-        raise InvalidRequest(
-            "Server-side tools (mcp, code_interpreter) need a Harmony model; this model uses a chat template.",
-            param="tools",
-            code="unsupported_tool",
-        )
     interpreters = [i for i, spec in enumerate(raw_tools) if spec.get("type") == "code_interpreter"]
     if len(interpreters) > 1:
         raise InvalidRequest("Only one code_interpreter tool per request.", param=f"tools[{interpreters[1]}]")
     earlier = {i["server_label"]: i for i in history if i.get("type") == "mcp_list_tools" and not i.get("error")}
     for index, spec in enumerate(raw_tools):
         if spec.get("type") == "code_interpreter":
+            if chat_format != "harmony":  # its call is raw code: chat templates have no syntax for it
+                raise InvalidRequest(
+                    "The code_interpreter tool needs a Harmony model; this model uses a chat template.",
+                    param=f"tools[{index}].type",
+                    code="unsupported_tool",
+                )
             if sandbox_unavailable is not None:
                 raise InvalidRequest(
                     f"This server cannot run the code interpreter: {sandbox_unavailable}",

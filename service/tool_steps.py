@@ -17,6 +17,7 @@ from service.config import Settings
 from service.engine.base import LogitsConstraint
 from service.prompting import harmony_tools
 from service.prompting.base import ChatFormat
+from service.prompting.chat_template import ChatTemplateFormat
 from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
 from service.server_items import container_id
 from service.store.event_log import StoredFact
@@ -48,12 +49,16 @@ def tool_facts(facts: list[StoredFact]) -> list[ToolFact]:
 
 
 def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None, str | None], list[int]]:
+    """A call's result as the tokens that continue the run: Harmony's tool message, or the chat template's
+    rendering of a tool result (`ChatTemplateFormat.tool_result_tokens`); a pure function of the result."""
     encoding = getattr(chat_format, "encoding", None)
 
     def result_tokens(namespace: str, name: str, output: str | None, error: str | None) -> list[int]:
-        if encoding is None:
-            raise RuntimeError("server-side tools need a Harmony model")
         text = harmony_tools.result_text(output, error)
+        if encoding is None:
+            if not isinstance(chat_format, ChatTemplateFormat):
+                raise RuntimeError(f"server-side tools are not supported by the {chat_format.name} format")
+            return chat_format.tool_result_tokens(f"{namespace}.{name}", text)
         return harmony_tools.tool_result_tokens(encoding, harmony_tools.tool_author(namespace, name), text)
 
     return result_tokens

@@ -24,6 +24,12 @@ from service.prompting.base import (
     OutputChunk,
     PromptRequest,
 )
+from service.prompting.chat_template_server_tools import (
+    SKIPPED_ITEMS,
+    mcp_call_items,
+    model_tool_name,
+    result_text_after_turn,
+)
 from service.prompting.chat_template_tools import (
     CALL_OPEN,
     CompletionConstraint,
@@ -69,7 +75,7 @@ def _arguments(raw: str) -> Any:
 
 
 def _hf_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    fn = {"name": tool["name"], "description": tool.get("description") or ""}
+    fn = {"name": model_tool_name(tool), "description": tool.get("description") or ""}
     fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
 
@@ -97,7 +103,12 @@ def items_to_chat_messages(
         else:
             messages.append({"role": role, "content": content, **extra})
 
-    for item in request.items:
+    items: list[ConversationItem] = []
+    for item in request.items:  # server-side tool calls read like function calls (chat_template_server_tools)
+        kind = item.get("type", "message")
+        if kind not in SKIPPED_ITEMS:
+            items += mcp_call_items(item) if kind == "mcp_call" else [item]
+    for item in items:
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")
@@ -323,6 +334,20 @@ class ChatTemplateFormat:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some versions return a BatchEncoding anyway
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+
+    def tool_result_tokens(self, name: str, result: str) -> list[int]:
+        """The continuation after the model's call to server tool `name` (ended by the eos token): the
+        template's rendering of `result` as a tool message, then the generation prompt."""
+
+        def render_text(items: list[ConversationItem], add_generation_prompt: bool) -> str:
+            messages = self.chat_messages(PromptRequest(items=items))
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            return str(text)
+
+        text = result_text_after_turn(render_text, str(self.tokenizer.eos_token), name, result)
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
     def stop_token_ids(self) -> frozenset[int]:
         return self._stop

@@ -1,0 +1,146 @@
+"""Server-side MCP tools on a chat-template model, through the real server and the official client: the
+server's tools are listed in the template's tool list as `LABEL.NAME`, a forced call (constrained decoding
+in the template's `<tool_call>` syntax) goes to the counting MCP test server exactly once, the result is
+rendered back as the template's tool message, and a kill -9 after the result is logged never calls again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from cryptography.fernet import Fernet
+
+from service.prompting.base import PromptRequest
+from service.prompting.chat_template import ChatTemplateFormat
+from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
+from tests.api_helpers import client_for
+from tests.conftest import ServerProcess
+from tests.test_chat_template_model import chat_model_dir  # noqa: F401 (fixture)
+from tests.test_server_tools import (
+    SECRET,
+    assert_openai_strict,
+    assert_secret_absent,
+    calls_to,
+    error_body,
+    force,
+    mcp_tool,
+    without_ids,
+)
+from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
+
+
+def test_tools_named_by_label_and_results_rendered_by_the_template(tmp_path: Path) -> None:
+    write_tiny_chat_model_tokenizer(tmp_path)
+    chat = ChatTemplateFormat(tmp_path)
+    history: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "mcp_list_tools", "server_label": "counter", "tools": []},
+        {"type": "mcp_call", "id": "mcp_1", "server_label": "counter", "name": "pick", "arguments": "{}",
+         "output": "picked red", "error": None},
+    ]  # fmt: skip
+    tool = {"type": "mcp_function", "namespace": "counter", "name": "pick", "parameters": {"type": "object"}}
+    text = chat.tokenizer.decode(chat.render(PromptRequest(items=history, tools=(tool,))))
+    assert '"name": "counter.pick"' in text  # in the tool list
+    assert '<tool_call>{"name": "counter.pick", "arguments": {}}</tool_call>' in text  # the call in history
+    assert "<|im_start|>tool\npicked red<|im_end|>" in text  # and its result
+    # The continuation after a call the model ended with <|im_end|>: the template's tool turn, then the
+    # generation prompt; the same tokens every time (a resumed run rebuilds them).
+    tokens = chat.tool_result_tokens("counter.pick", "picked red")
+    assert chat.tokenizer.decode(tokens) == "\n<|im_start|>tool\npicked red<|im_end|>\n<|im_start|>assistant\n"
+    assert tokens == chat.tool_result_tokens("counter.pick", "picked red")
+
+
+def test_forced_mcp_call_round_trip(
+    server_factory: Any,
+    database_url: str,
+    chat_model_dir: Path,  # noqa: F811
+    mcp_server: McpServer,  # noqa: F811
+) -> None:
+    server: ServerProcess = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    client = client_for(server.url)
+    before = len(calls_to(mcp_server, "pick"))
+    response = client.responses.create(
+        input="pick a color",
+        tools=[mcp_tool(mcp_server, authorization=SECRET, allowed_tools=["pick"])],
+        tool_choice=force("pick"),
+        max_tool_calls=1,
+        max_output_tokens=60,
+        extra_body={"seed": 7},
+    )
+    types = [item.type for item in response.output]
+    assert types[0] == "mcp_list_tools" and types.count("mcp_call") == 1, response.output
+    call = next(item for item in response.output if item.type == "mcp_call")
+    made = calls_to(mcp_server, "pick")
+    assert len(made) == before + 1  # exactly one call went out
+    assert made[-1]["authorization"] == f"Bearer {SECRET}"
+    assert made[-1]["idempotency_key"] == f"{response.id}:tool:0"
+    assert call.name == "pick" and call.server_label == "counter" and call.status == "completed"
+    assert call.error is None and call.output == f"picked {made[-1]['arguments']['color']}", call
+    events = [e["type"] for e in assert_openai_strict(server.url, response.id)]
+    assert events.index("response.mcp_call_arguments.done") < events.index("response.mcp_call.completed")
+    # The model went on after the result (max_tool_calls reached: it can only answer).
+    assert types.index("mcp_call") < len(types) - 1 and types[-1] == "message", types
+    # A follow-up turn renders the call from history and does not list again.
+    follow = client.responses.create(
+        input="and now?",
+        previous_response_id=response.id,
+        tools=[mcp_tool(mcp_server, allowed_tools=["pick"])],
+        max_output_tokens=4,
+    )
+    assert follow.output and not any(item.type == "mcp_list_tools" for item in follow.output)
+    # The code interpreter stays Harmony-only: its call is raw code, which a chat template has no syntax for.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(input="x", tools=[{"type": "code_interpreter", "container": {"type": "auto"}}])
+    assert error_body(refused.value)["param"] == "tools[0].type"
+    server.stop()
+    assert_secret_absent(database_url)
+
+
+def test_kill_9_after_a_logged_result_never_calls_again(
+    server_factory: Any,
+    database_url: str,
+    chat_model_dir: Path,  # noqa: F811
+    mcp_server: McpServer,  # noqa: F811
+) -> None:
+    env = {"SERVICE_MODEL": str(chat_model_dir), "SERVICE_SECRET_KEY": Fernet.generate_key().decode()}
+    server: ServerProcess = server_factory(database_url, **env).start()
+    client = client_for(server.url)
+    request: dict[str, Any] = {
+        "input": "pick a color, then talk",
+        "tools": [mcp_tool(mcp_server, authorization=SECRET, allowed_tools=["pick"])],
+        "tool_choice": force("pick"),
+        "max_tool_calls": 1,
+        "max_output_tokens": 200,
+        "extra_body": {"seed": 4242},
+    }
+    before = len(calls_to(mcp_server, "pick"))
+    reference = client.responses.create(**request)
+    assert len(calls_to(mcp_server, "pick")) == before + 1
+    stream = client.responses.create(**request, background=True, stream=True)
+    seen: list[dict[str, Any]] = []
+    for event in stream:
+        seen.append(event.model_dump())
+        if event.type == "response.mcp_call.completed":  # committed with the call's logged result
+            break
+    response_id = seen[0]["response"]["id"]
+    server.kill()  # kill -9 right after the result was logged
+    assert len(calls_to(mcp_server, "pick")) == before + 2
+    server = server_factory(database_url, **env).start()
+    client = client_for(server.url)
+    rest = [
+        e.model_dump()
+        for e in client.responses.retrieve(response_id, stream=True, starting_after=seen[-1]["sequence_number"])
+    ]
+    whole = seen + rest
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
+    assert whole[-1]["type"] in ("response.completed", "response.incomplete")
+    final = client.responses.retrieve(response_id)
+    assert len(calls_to(mcp_server, "pick")) == before + 2, "a call with a logged result is never made again"
+    # The resumed run continued from the logged result with exactly the uninterrupted run's tokens.
+    assert without_ids(final.output) == without_ids(reference.output)
+    assert final.usage is not None and reference.usage is not None
+    assert final.usage.output_tokens == reference.usage.output_tokens
+    server.stop()
+    assert_secret_absent(database_url)
