@@ -16,7 +16,7 @@ from service import agent_loop
 from service.config import Settings
 from service.engine.base import LogitsConstraint
 from service.prompting import harmony_tools
-from service.prompting.base import ChatFormat
+from service.prompting.base import ChatFormat, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
 from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
 from service.server_items import container_id
@@ -64,9 +64,12 @@ def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None
     return result_tokens
 
 
-def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat) -> list[int] | None:
+def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat, request: PromptRequest) -> list[int] | None:
     """The prompt of a run that starts by executing an approved call: it ends at that call's `<|call|>`
-    (the rendered completion suffix `<|start|>assistant` removed). None when it does not end so."""
+    (the rendered completion suffix `<|start|>assistant` removed), or, on a chat template, at the end of the
+    call's turn. None when it does not end so."""
+    if isinstance(chat_format, ChatTemplateFormat):
+        return chat_format.approved_call_prompt(request, prompt_ids)
     encoding = getattr(chat_format, "encoding", None)
     if encoding is None:
         return None

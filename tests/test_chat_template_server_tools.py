@@ -5,6 +5,7 @@ rendered back as the template's tool message, and a kill -9 after the result is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,18 @@ def test_tools_named_by_label_and_results_rendered_by_the_template(tmp_path: Pat
     tokens = chat.tool_result_tokens("counter.pick", "picked red")
     assert chat.tokenizer.decode(tokens) == "\n<|im_start|>tool\npicked red<|im_end|>\n<|im_start|>assistant\n"
     assert tokens == chat.tool_result_tokens("counter.pick", "picked red")
+    # An approval request is the call; a refusal is its result; an approved one ends the prompt at its turn.
+    asked = [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "counter", "name": "pick", "arguments": "{}"},
+    ]
+    refusal = {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": False, "reason": "no"}
+    text = chat.tokenizer.decode(chat.render(PromptRequest(items=[*asked, refusal])))
+    assert text.endswith("<|im_start|>tool\nThe user declined this call. Reason: no<|im_end|>\n<|im_start|>assistant\n")
+    approving = PromptRequest(items=[*asked, {**refusal, "approve": True}])
+    cut = chat.approved_call_prompt(approving, chat.render(approving))
+    assert cut is not None and chat.tokenizer.decode(cut).endswith("</tool_call><|im_end|>")
+    assert chat.approved_call_prompt(PromptRequest(items=[*asked, refusal]), chat.render(approving)) is None
 
 
 def test_forced_mcp_call_round_trip(
@@ -96,6 +109,44 @@ def test_forced_mcp_call_round_trip(
     assert error_body(refused.value)["param"] == "tools[0].type"
     server.stop()
     assert_secret_absent(database_url)
+
+
+def test_approval_request_then_approve_or_refuse(
+    server_factory: Any,
+    database_url: str,
+    chat_model_dir: Path,  # noqa: F811
+    mcp_server: McpServer,  # noqa: F811
+) -> None:
+    server: ServerProcess = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    client = client_for(server.url)
+    tool = mcp_tool(mcp_server, require_approval="always", allowed_tools=["pick"])
+    before = len(calls_to(mcp_server, "pick"))
+    asked = client.responses.create(input="pick", tools=[tool], tool_choice=force("pick"), max_output_tokens=60)
+    request = asked.output[-1]
+    assert request.type == "mcp_approval_request" and request.name == "pick", asked.output
+    assert len(calls_to(mcp_server, "pick")) == before, "nothing is called before it is approved"
+    approved = client.responses.create(
+        previous_response_id=asked.id,
+        input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}],
+        tools=[tool],
+        max_output_tokens=20,
+    )
+    call = next(item for item in approved.output if item.type == "mcp_call")
+    assert (call.name, call.arguments, call.approval_request_id) == ("pick", request.arguments, request.id)
+    assert call.output == f"picked {json.loads(request.arguments)['color']}"
+    assert len(calls_to(mcp_server, "pick")) == before + 1, "exactly the approved call"
+    assert approved.output[-1].type == "message", approved.output  # the model went on after the result
+    assert_openai_strict(server.url, approved.id)
+    refused = client.responses.create(
+        previous_response_id=asked.id,
+        input=[{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False}],
+        tools=[tool],
+        tool_choice="none",
+        max_output_tokens=10,
+    )
+    assert not any(item.type == "mcp_call" for item in refused.output)
+    assert len(calls_to(mcp_server, "pick")) == before + 1
+    server.stop()
 
 
 def test_kill_9_after_a_logged_result_never_calls_again(

@@ -25,10 +25,10 @@ from service.prompting.base import (
     PromptRequest,
 )
 from service.prompting.chat_template_server_tools import (
-    SKIPPED_ITEMS,
-    mcp_call_items,
+    ends_with_approved_call,
     model_tool_name,
     result_text_after_turn,
+    server_history_items,
 )
 from service.prompting.chat_template_tools import (
     CALL_OPEN,
@@ -103,12 +103,8 @@ def items_to_chat_messages(
         else:
             messages.append({"role": role, "content": content, **extra})
 
-    items: list[ConversationItem] = []
-    for item in request.items:  # server-side tool calls read like function calls (chat_template_server_tools)
-        kind = item.get("type", "message")
-        if kind not in SKIPPED_ITEMS:
-            items += mcp_call_items(item) if kind == "mcp_call" else [item]
-    for item in items:
+    # Server-side tool calls read like function calls (chat_template_server_tools).
+    for item in server_history_items(request.items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")
@@ -348,6 +344,14 @@ class ChatTemplateFormat:
 
         text = result_text_after_turn(render_text, str(self.tokenizer.eos_token), name, result)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def approved_call_prompt(self, request: PromptRequest, prompt_ids: list[int]) -> list[int] | None:
+        """The prompt of a run that starts by executing the approved call its items end with: cut right after
+        the end-of-turn token that closes that call's assistant turn. None when the items do not end so."""
+        eos = self.tokenizer.eos_token_id
+        if not ends_with_approved_call(request.items) or eos is None or eos not in prompt_ids:
+            return None
+        return prompt_ids[: len(prompt_ids) - prompt_ids[::-1].index(eos)]
 
     def stop_token_ids(self) -> frozenset[int]:
         return self._stop

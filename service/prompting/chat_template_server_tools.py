@@ -3,8 +3,11 @@
 - Names: the model sees an MCP server's tool as a function named `SERVER_LABEL.NAME` in the template's tool
   list. Function tool names cannot contain a dot, so the name alone maps a call back to its server and tool
   (`server_items.classify`), exactly as Harmony's `to=SERVER_LABEL.NAME` recipient does.
-- History: an `mcp_call` item is rendered as that function call and its result; listing and approval items
-  carry nothing the model must read.
+- History (`server_history_items`): an `mcp_call` item is rendered as that function call and its result, as
+  Harmony does: an approval request as the call (shown once: not when its `mcp_call` follows), a refusal as
+  the call's result saying so; listings carry nothing the model must read (the tools are in the tool list).
+- Approved calls: a request approving the call its history ends with is rendered up to that call's turn
+  (`approved_call_prompt`), which the run executes first, as the model's own call.
 - Results: the continuation after a call is the template's own rendering of a tool result message (+ the
   generation prompt), cut right after the end-of-turn token the model sampled. It depends only on the
   tokenizer, the call's name and its result text, so a resumed run rebuilds the same tokens.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-SKIPPED_ITEMS = ("mcp_list_tools", "mcp_approval_request", "mcp_approval_response")
+SERVER_ITEMS = ("mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response")
 
 
 def model_tool_name(tool: dict[str, Any]) -> str:
@@ -25,20 +28,55 @@ def model_tool_name(tool: dict[str, Any]) -> str:
     return str(tool["name"])
 
 
+def server_history_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`items` with each server-side tool item replaced by the function call/output items the template renders."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type")
+        if kind not in SERVER_ITEMS:
+            out.append(item)
+        elif kind == "mcp_call":
+            out += mcp_call_items(item)
+        elif kind == "mcp_approval_request":
+            if not any(i.get("type") == "mcp_call" and i.get("approval_request_id") == item.get("id") for i in items):
+                out.append(_call_item(str(item.get("id")), item))
+        elif kind == "mcp_approval_response" and not item.get("approve"):
+            reason = f" Reason: {item['reason']}" if item.get("reason") else ""
+            call_id = str(item.get("approval_request_id"))
+            out.append(
+                {"type": "function_call_output", "call_id": call_id, "output": f"The user declined this call.{reason}"}
+            )
+    return out
+
+
+def ends_with_approved_call(items: list[dict[str, Any]]) -> bool:
+    """The items end with an approval request and the response approving it (the prompt ends at that call)."""
+    if len(items) < 2:
+        return False
+    request, answer = items[-2], items[-1]
+    return (
+        request.get("type") == "mcp_approval_request"
+        and answer.get("type") == "mcp_approval_response"
+        and bool(answer.get("approve"))
+        and answer.get("approval_request_id") == request.get("id")
+    )
+
+
+def _call_item(call_id: str, item: dict[str, Any]) -> dict[str, Any]:
+    name = f"{item['server_label']}.{item['name']}"
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": item.get("arguments") or "{}"}
+
+
 def mcp_call_items(item: dict[str, Any]) -> list[dict[str, Any]]:
     """An `mcp_call` history item as the function call and output items the template renders."""
     call_id = str(item.get("id") or "mcp_call")
-    name = f"{item['server_label']}.{item['name']}"
     error = item.get("error")
     if error:
         message = error.get("message") if isinstance(error, dict) else str(error)
         output = f"Error: {message}"
     else:
         output = item.get("output") or ""
-    return [
-        {"type": "function_call", "call_id": call_id, "name": name, "arguments": item.get("arguments") or "{}"},
-        {"type": "function_call_output", "call_id": call_id, "output": output},
-    ]
+    return [_call_item(call_id, item), {"type": "function_call_output", "call_id": call_id, "output": output}]
 
 
 def result_text_after_turn(render_text: Any, eos_text: str, name: str, result: str) -> str:
