@@ -13,8 +13,10 @@ import openai
 import pytest
 from cryptography.fernet import Fernet
 
+from service.constraints.plan import plan_from_spec
 from service.prompting.base import PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
+from service.prompting.chat_template_tools import completion_grammar
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 from tests.api_helpers import client_for
 from tests.conftest import ServerProcess
@@ -63,6 +65,10 @@ def test_tools_named_by_label_and_results_rendered_by_the_template(tmp_path: Pat
     cut = chat.approved_call_prompt(approving, chat.render(approving))
     assert cut is not None and chat.tokenizer.decode(cut).endswith("</tool_call><|im_end|>")
     assert chat.approved_call_prompt(PromptRequest(items=[*asked, refusal]), chat.render(approving)) is None
+    # Offered (not forced), an MCP tool's call is still constrained: a call or an answer, nothing after a call.
+    plan = plan_from_spec([tool], {"tool_choice": "auto"})
+    spec = completion_grammar(plan, chat.grammar_tokenizer())
+    assert spec is not None and '"counter.pick"' in spec.source and "TEXT" in spec.source
 
 
 def test_forced_mcp_call_round_trip(

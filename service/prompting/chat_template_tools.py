@@ -146,7 +146,10 @@ def completion_grammar(plan: DecodingPlan, tokenizer: llguidance.LLTokenizer) ->
     """What the whole completion must match under `plan`, or None when it is free text."""
     calls = [c for c in plan.calls if not c.custom]
     strict = any(c.grammar is not None and c.grammar.strict for c in calls)
-    if plan.final and not strict:
+    # A server-side tool (`LABEL.NAME`: function names have no dot) is always constrained, as on Harmony:
+    # its call must be well-formed to be executed, and ends the completion.
+    server = any("." in c.name for c in calls)
+    if plan.final and not strict and not server:
         return plan.final_grammar  # None (free text) or the answer's JSON schema
     options = [
         {
