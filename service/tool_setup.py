@@ -74,12 +74,6 @@ async def prepare(
     earlier = {i["server_label"]: i for i in history if i.get("type") == "mcp_list_tools" and not i.get("error")}
     for index, spec in enumerate(raw_tools):
         if spec.get("type") == "code_interpreter":
-            if chat_format != "harmony":  # its call is raw code: chat templates have no syntax for it
-                raise InvalidRequest(
-                    "The code_interpreter tool needs a Harmony model; this model uses a chat template.",
-                    param=f"tools[{index}].type",
-                    code="unsupported_tool",
-                )
             if sandbox_unavailable is not None:
                 raise InvalidRequest(
                     f"This server cannot run the code interpreter: {sandbox_unavailable}",
@@ -92,6 +86,12 @@ async def prepare(
         if spec.get("type") != "mcp":
             continue
         label = spec["server_label"]
+        if chat_format != "harmony" and label == "code_interpreter" and interpreters:
+            # chat templates name the code interpreter `code_interpreter.python` (chat_template_server_tools)
+            raise InvalidRequest(
+                "With a code_interpreter tool, server_label 'code_interpreter' is reserved on this model.",
+                param=f"tools[{index}].server_label",
+            )
         headers = secrets.request_headers(spec)
         if headers:
             prepared.headers[label] = headers

@@ -18,6 +18,7 @@ from service.engine.base import LogitsConstraint
 from service.prompting import harmony_tools
 from service.prompting.base import ChatFormat, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
+from service.prompting.chat_template_server_tools import CODE_TOOL
 from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
 from service.server_items import container_id
 from service.store.event_log import StoredFact
@@ -58,7 +59,7 @@ def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None
         if encoding is None:
             if not isinstance(chat_format, ChatTemplateFormat):
                 raise RuntimeError(f"server-side tools are not supported by the {chat_format.name} format")
-            return chat_format.tool_result_tokens(f"{namespace}.{name}", text)
+            return chat_format.tool_result_tokens(CODE_TOOL if namespace == "python" else f"{namespace}.{name}", text)
         return harmony_tools.tool_result_tokens(encoding, harmony_tools.tool_author(namespace, name), text)
 
     return result_tokens

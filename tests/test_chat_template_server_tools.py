@@ -6,6 +6,7 @@ rendered back as the template's tool message, and a kill -9 after the result is 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,56 @@ def test_forced_mcp_call_round_trip(
         max_output_tokens=4,
     )
     assert follow.output and not any(item.type == "mcp_list_tools" for item in follow.output)
-    # The code interpreter stays Harmony-only: its call is raw code, which a chat template has no syntax for.
+    # With a code interpreter, the label its tool name uses is reserved.
     with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(input="x", tools=[{"type": "code_interpreter", "container": {"type": "auto"}}])
-    assert error_body(refused.value)["param"] == "tools[0].type"
+        interpreter = {"type": "code_interpreter", "container": {"type": "auto"}}
+        client.responses.create(
+            input="x", tools=[interpreter, {**mcp_tool(mcp_server), "server_label": "code_interpreter"}]
+        )
+    assert error_body(refused.value)["param"] == "tools[1].server_label"
     server.stop()
     assert_secret_absent(database_url)
+
+
+def test_code_interpreter_round_trip(
+    server_factory: Any,
+    database_url: str,
+    chat_model_dir: Path,  # noqa: F811
+) -> None:
+    # Bounded code (the random model never ends a string by itself); the sandbox dir must be reachable by its user.
+    sandbox_dir = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
+    sandbox_dir.chmod(0o711)
+    env = {
+        "SERVICE_MODEL": str(chat_model_dir),
+        "SERVICE_CODE_INTERPRETER_MAX_CODE_CHARS": "30",
+        "SERVICE_SANDBOX_DIR": str(sandbox_dir / "c"),
+    }
+    server: ServerProcess = server_factory(database_url, **env).start()
+    client = client_for(server.url)
+    response = client.responses.create(
+        input="compute something",
+        tools=[{"type": "code_interpreter", "container": {"type": "auto"}}],
+        tool_choice="required",
+        max_tool_calls=1,
+        max_output_tokens=80,
+        include=["code_interpreter_call.outputs"],
+        extra_body={"seed": 3},
+    )
+    calls = [item for item in response.output if item.type == "code_interpreter_call"]
+    assert len(calls) == 1, response.output
+    call = calls[0]
+    assert call.status == "completed" and call.code is not None and len(call.code) <= 30
+    assert call.outputs is not None and call.outputs[0].type == "logs"
+    assert (sandbox_dir / "c" / call.container_id).is_dir(), "the code ran in its container's work directory"
+    types = [e["type"] for e in assert_openai_strict(server.url, response.id)]
+    assert types.index("response.code_interpreter_call_code.done") < types.index(
+        "response.code_interpreter_call.completed"
+    )
+    assert response.output[-1].type == "message"  # the model went on after the result
+    # The next turn renders the call (its code and logs) from history.
+    follow = client.responses.create(input="and?", previous_response_id=response.id, max_output_tokens=4)
+    assert follow.status in ("completed", "incomplete")
+    server.stop()
 
 
 def test_approval_request_then_approve_or_refuse(

@@ -13,7 +13,7 @@ import llguidance
 
 from service.constraints.compiler import GrammarError, compile_grammar
 from service.constraints.matcher import GrammarMatcher
-from service.constraints.plan import DecodingPlan
+from service.constraints.plan import PYTHON_TARGET, DecodingPlan
 from service.constraints.tokenizer import hf_tokenizer
 from service.engine.base import LogitsConstraint
 from service.prompting.base import (
@@ -25,6 +25,7 @@ from service.prompting.base import (
     PromptRequest,
 )
 from service.prompting.chat_template_server_tools import (
+    code_tool,
     ends_with_approved_call,
     model_tool_name,
     result_text_after_turn,
@@ -75,6 +76,8 @@ def _arguments(raw: str) -> Any:
 
 
 def _hf_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type") == "python":
+        return code_tool(tool)
     fn = {"name": model_tool_name(tool), "description": tool.get("description") or ""}
     fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
@@ -294,7 +297,7 @@ class ChatTemplateFormat:
         call syntax for raw input), and forced or strict calls when the template has no
         `<tool_call>` syntax."""
         for index, call in enumerate(plan.calls):
-            if call.custom:
+            if call.custom and call.name != PYTHON_TARGET:  # the code interpreter: see chat_template_server_tools
                 return (
                     f"This model uses a chat template: custom tool '{call.name}' needs a Harmony model.",
                     f"tools[{index}]",

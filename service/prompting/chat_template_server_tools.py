@@ -3,6 +3,9 @@
 - Names: the model sees an MCP server's tool as a function named `SERVER_LABEL.NAME` in the template's tool
   list. Function tool names cannot contain a dot, so the name alone maps a call back to its server and tool
   (`server_items.classify`), exactly as Harmony's `to=SERVER_LABEL.NAME` recipient does.
+- The code interpreter is a function `code_interpreter.python` with one argument, `code` (a dotted name,
+  so no function tool can collide with it); the parser hands its code on as the call's body, like
+  Harmony's `python` tool (`code_call_body`).
 - History (`server_history_items`): an `mcp_call` item is rendered as that function call and its result, as
   Harmony does: an approval request as the call (shown once: not when its `mcp_call` follows), a refusal as
   the call's result saying so; listings carry nothing the model must read (the tools are in the tool list).
@@ -16,15 +19,54 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-SERVER_ITEMS = ("mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response")
+from service.constraints.compiler import GrammarSpec
+from service.constraints.plan import PYTHON_TARGET, CallTarget
+
+SERVER_ITEMS = ("mcp_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "code_interpreter_call")
+CODE_TOOL = "code_interpreter.python"
+_CODE_DESCRIPTION = "Run Python code in a sandbox without network access; its output is returned."
+
+
+def code_arguments_schema(max_code_chars: int | None) -> dict[str, Any]:
+    code: dict[str, Any] = {"type": "string", **({"maxLength": max_code_chars} if max_code_chars else {})}
+    return {"type": "object", "properties": {"code": code}, "required": ["code"], "additionalProperties": False}
+
+
+def code_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """The code interpreter (model-facing tool `{"type": "python"}`) as the template's function tool."""
+    parameters = code_arguments_schema(tool.get("max_code_chars"))
+    return {
+        "type": "function",
+        "function": {"name": CODE_TOOL, "description": _CODE_DESCRIPTION, "parameters": parameters},
+    }
+
+
+def json_call_target(target: CallTarget) -> CallTarget:
+    """A call target as the template's `<tool_call>` JSON writes it: the code interpreter's plain-code target
+    (a regex bounding its length, or free) becomes CODE_TOOL with a `code` string argument."""
+    if target.name != PYTHON_TARGET:
+        return target
+    bound = re.fullmatch(r"\(\?s:\.\{0,(\d+)\}\)", target.grammar.source) if target.grammar else None
+    schema = code_arguments_schema(int(bound.group(1)) if bound else None)
+    return CallTarget(CODE_TOOL, False, GrammarSpec.json_schema(schema, strict=False), target.param)
+
+
+def code_call_body(name: str, arguments: Any) -> tuple[str, str] | None:
+    """(name, body) of a parsed call to the code interpreter: `python` and its code; None for other calls."""
+    if name == CODE_TOOL and isinstance(arguments, dict) and isinstance(arguments.get("code"), str):
+        return "python", arguments["code"]
+    return None
 
 
 def model_tool_name(tool: dict[str, Any]) -> str:
     """The name a chat-template model calls a tool by: `LABEL.NAME` for an MCP server's tool."""
     if tool.get("type") == "mcp_function":
         return f"{tool['namespace']}.{tool['name']}"
+    if tool.get("type") == "python":
+        return CODE_TOOL
     return str(tool["name"])
 
 
@@ -37,6 +79,12 @@ def server_history_items(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append(item)
         elif kind == "mcp_call":
             out += mcp_call_items(item)
+        elif kind == "code_interpreter_call":
+            call_id = str(item.get("id") or "code_interpreter_call")
+            arguments = json.dumps({"code": item.get("code") or ""}, ensure_ascii=False)
+            logs = "".join(o.get("logs", "") for o in item.get("outputs") or [] if isinstance(o, dict))
+            out.append({"type": "function_call", "call_id": call_id, "name": CODE_TOOL, "arguments": arguments})
+            out.append({"type": "function_call_output", "call_id": call_id, "output": logs})
         elif kind == "mcp_approval_request":
             if not any(i.get("type") == "mcp_call" and i.get("approval_request_id") == item.get("id") for i in items):
                 out.append(_call_item(str(item.get("id")), item))
