@@ -15,9 +15,9 @@ import pytest
 from cryptography.fernet import Fernet
 
 from service.constraints.plan import plan_from_spec
-from service.prompting.base import PromptRequest
+from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
-from service.prompting.chat_template_tools import completion_grammar
+from service.prompting.chat_template_tools import ToolCallTextParser, completion_grammar
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 from tests.api_helpers import client_for
 from tests.conftest import ServerProcess
@@ -66,6 +66,22 @@ def test_tools_named_by_label_and_results_rendered_by_the_template(tmp_path: Pat
     cut = chat.approved_call_prompt(approving, chat.render(approving))
     assert cut is not None and chat.tokenizer.decode(cut).endswith("</tool_call><|im_end|>")
     assert chat.approved_call_prompt(PromptRequest(items=[*asked, refusal]), chat.render(approving)) is None
+    # The code interpreter: its call's body is the code; its history item renders as that call and its logs.
+    parser = ToolCallTextParser()
+    chunks = parser.feed(
+        '<tool_call>{"name": "code_interpreter.python", "arguments": {"code": "print(1)"}}</tool_call>'
+    )
+    assert chunks == [ItemStarted("function_call", name="python"), ItemDelta("print(1)"), ItemEnded()]
+    ran = {
+        "type": "code_interpreter_call",
+        "id": "ci_1",
+        "code": "print(1)",
+        "outputs": [{"type": "logs", "logs": "1"}],
+    }
+    text = chat.tokenizer.decode(chat.render(PromptRequest(items=[asked[0], ran], tools=({"type": "python"},))))
+    assert '"name": "code_interpreter.python"' in text
+    assert '<tool_call>{"name": "code_interpreter.python", "arguments": {"code": "print(1)"}}</tool_call>' in text
+    assert "<|im_start|>tool\n1<|im_end|>" in text
     # Offered (not forced), an MCP tool's call is still constrained: a call or an answer, nothing after a call.
     plan = plan_from_spec([tool], {"tool_choice": "auto"})
     spec = completion_grammar(plan, chat.grammar_tokenizer())
@@ -111,11 +127,10 @@ def test_forced_mcp_call_round_trip(
     )
     assert follow.output and not any(item.type == "mcp_list_tools" for item in follow.output)
     # With a code interpreter, the label its tool name uses is reserved.
+    interpreter: Any = {"type": "code_interpreter", "container": {"type": "auto"}}
+    clash: Any = {**mcp_tool(mcp_server), "server_label": "code_interpreter"}
     with pytest.raises(openai.BadRequestError) as refused:
-        interpreter = {"type": "code_interpreter", "container": {"type": "auto"}}
-        client.responses.create(
-            input="x", tools=[interpreter, {**mcp_tool(mcp_server), "server_label": "code_interpreter"}]
-        )
+        client.responses.create(input="x", tools=[interpreter, clash])
     assert error_body(refused.value)["param"] == "tools[1].server_label"
     server.stop()
     assert_secret_absent(database_url)
