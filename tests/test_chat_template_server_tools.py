@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, PromptRequ
 from service.prompting.chat_template import ChatTemplateFormat
 from service.prompting.chat_template_tools import ToolCallTextParser, completion_grammar
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
-from tests.api_helpers import client_for
+from tests.api_helpers import client_for, wait_until_terminal
 from tests.conftest import ServerProcess
 from tests.test_chat_template_model import chat_model_dir  # noqa: F401 (fixture)
 from tests.test_server_tools import (
@@ -261,3 +262,42 @@ def test_kill_9_after_a_logged_result_never_calls_again(
     assert final.usage.output_tokens == reference.usage.output_tokens
     server.stop()
     assert_secret_absent(database_url)
+
+
+def test_kill_9_during_a_call_retries_it_once_with_its_key(
+    server_factory: Any,
+    database_url: str,
+    chat_model_dir: Path,  # noqa: F811
+    mcp_server: McpServer,  # noqa: F811
+) -> None:
+    server: ServerProcess = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    client = client_for(server.url)
+    before = len(calls_to(mcp_server, "nap"))
+    stream = client.responses.create(
+        input="rest",
+        tools=[mcp_tool(mcp_server, allowed_tools=["nap"])],
+        tool_choice=force("nap"),
+        max_tool_calls=1,
+        max_output_tokens=60,
+        background=True,
+        stream=True,
+    )
+    response_id = ""
+    for event in stream:
+        if event.type == "response.created":
+            response_id = event.response.id
+        if event.type == "response.mcp_call_arguments.done":
+            break
+    deadline = time.monotonic() + 30  # waits for the call to arrive; nothing is gated on its duration
+    while len(calls_to(mcp_server, "nap")) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.kill()  # kill -9 while the 4 s call is in flight: its start is logged, its result is not
+    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    client = client_for(server.url)
+    final = wait_until_terminal(client, response_id)
+    naps = calls_to(mcp_server, "nap")[before:]
+    assert [call["idempotency_key"] for call in naps] == [f"{response_id}:tool:0"] * 2, "retried once, same key"
+    call = next(item for item in final.output if item.type == "mcp_call")
+    assert call.output == "rested" and call.status == "completed"
+    assert final.output[-1].type == "message"  # the model went on after the retried call's result
+    assert_openai_strict(server.url, response_id)
