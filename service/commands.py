@@ -79,7 +79,7 @@ class Commands:
             request, input_items, project=project
         )
         if server_tools.approved_call is not None:
-            approved = approved_prompt(prompt_ids, self.runtime.chat_format)
+            approved = approved_prompt(prompt_ids, self.runtime.chat_format, prompt_request)
             if approved is None:
                 raise InvalidRequest(
                     "An approving mcp_approval_response must be the last input item, right after its request.",

@@ -68,12 +68,6 @@ async def prepare(
         )
     except ServerToolRefused as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
-    if chat_format != "harmony":
-        raise InvalidRequest(
-            "Server-side tools (mcp, code_interpreter) need a Harmony model; this model uses a chat template.",
-            param="tools",
-            code="unsupported_tool",
-        )
     interpreters = [i for i, spec in enumerate(raw_tools) if spec.get("type") == "code_interpreter"]
     if len(interpreters) > 1:
         raise InvalidRequest("Only one code_interpreter tool per request.", param=f"tools[{interpreters[1]}]")
@@ -92,6 +86,12 @@ async def prepare(
         if spec.get("type") != "mcp":
             continue
         label = spec["server_label"]
+        if chat_format != "harmony" and label == "code_interpreter" and interpreters:
+            # chat templates name the code interpreter `code_interpreter.python` (chat_template_server_tools)
+            raise InvalidRequest(
+                "With a code_interpreter tool, server_label 'code_interpreter' is reserved on this model.",
+                param=f"tools[{index}].server_label",
+            )
         headers = secrets.request_headers(spec)
         if headers:
             prepared.headers[label] = headers

@@ -16,7 +16,9 @@ from service import agent_loop
 from service.config import Settings
 from service.engine.base import LogitsConstraint
 from service.prompting import harmony_tools
-from service.prompting.base import ChatFormat
+from service.prompting.base import ChatFormat, PromptRequest
+from service.prompting.chat_template import ChatTemplateFormat
+from service.prompting.chat_template_server_tools import CODE_TOOL
 from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
 from service.server_items import container_id
 from service.store.event_log import StoredFact
@@ -48,20 +50,27 @@ def tool_facts(facts: list[StoredFact]) -> list[ToolFact]:
 
 
 def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None, str | None], list[int]]:
+    """A call's result as the tokens that continue the run: Harmony's tool message, or the chat template's
+    rendering of a tool result (`ChatTemplateFormat.tool_result_tokens`); a pure function of the result."""
     encoding = getattr(chat_format, "encoding", None)
 
     def result_tokens(namespace: str, name: str, output: str | None, error: str | None) -> list[int]:
-        if encoding is None:
-            raise RuntimeError("server-side tools need a Harmony model")
         text = harmony_tools.result_text(output, error)
+        if encoding is None:
+            if not isinstance(chat_format, ChatTemplateFormat):
+                raise RuntimeError(f"server-side tools are not supported by the {chat_format.name} format")
+            return chat_format.tool_result_tokens(CODE_TOOL if namespace == "python" else f"{namespace}.{name}", text)
         return harmony_tools.tool_result_tokens(encoding, harmony_tools.tool_author(namespace, name), text)
 
     return result_tokens
 
 
-def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat) -> list[int] | None:
+def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat, request: PromptRequest) -> list[int] | None:
     """The prompt of a run that starts by executing an approved call: it ends at that call's `<|call|>`
-    (the rendered completion suffix `<|start|>assistant` removed). None when it does not end so."""
+    (the rendered completion suffix `<|start|>assistant` removed), or, on a chat template, at the end of the
+    call's turn. None when it does not end so."""
+    if isinstance(chat_format, ChatTemplateFormat):
+        return chat_format.approved_call_prompt(request, prompt_ids)
     encoding = getattr(chat_format, "encoding", None)
     if encoding is None:
         return None

@@ -13,7 +13,7 @@ import llguidance
 
 from service.constraints.compiler import GrammarError, compile_grammar
 from service.constraints.matcher import GrammarMatcher
-from service.constraints.plan import DecodingPlan
+from service.constraints.plan import PYTHON_TARGET, DecodingPlan
 from service.constraints.tokenizer import hf_tokenizer
 from service.engine.base import LogitsConstraint
 from service.prompting.base import (
@@ -23,6 +23,13 @@ from service.prompting.base import (
     ItemStarted,
     OutputChunk,
     PromptRequest,
+)
+from service.prompting.chat_template_server_tools import (
+    code_tool,
+    ends_with_approved_call,
+    model_tool_name,
+    result_text_after_turn,
+    server_history_items,
 )
 from service.prompting.chat_template_tools import (
     CALL_OPEN,
@@ -69,7 +76,9 @@ def _arguments(raw: str) -> Any:
 
 
 def _hf_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    fn = {"name": tool["name"], "description": tool.get("description") or ""}
+    if tool.get("type") == "python":
+        return code_tool(tool)
+    fn = {"name": model_tool_name(tool), "description": tool.get("description") or ""}
     fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
     return {"type": "function", "function": fn}
 
@@ -97,7 +106,8 @@ def items_to_chat_messages(
         else:
             messages.append({"role": role, "content": content, **extra})
 
-    for item in request.items:
+    # Server-side tool calls read like function calls (chat_template_server_tools).
+    for item in server_history_items(request.items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")
@@ -287,7 +297,7 @@ class ChatTemplateFormat:
         call syntax for raw input), and forced or strict calls when the template has no
         `<tool_call>` syntax."""
         for index, call in enumerate(plan.calls):
-            if call.custom:
+            if call.custom and call.name != PYTHON_TARGET:  # the code interpreter: see chat_template_server_tools
                 return (
                     f"This model uses a chat template: custom tool '{call.name}' needs a Harmony model.",
                     f"tools[{index}]",
@@ -323,6 +333,28 @@ class ChatTemplateFormat:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some versions return a BatchEncoding anyway
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+
+    def tool_result_tokens(self, name: str, result: str) -> list[int]:
+        """The continuation after the model's call to server tool `name` (ended by the eos token): the
+        template's rendering of `result` as a tool message, then the generation prompt."""
+
+        def render_text(items: list[ConversationItem], add_generation_prompt: bool) -> str:
+            messages = self.chat_messages(PromptRequest(items=items))
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            return str(text)
+
+        text = result_text_after_turn(render_text, str(self.tokenizer.eos_token), name, result)
+        return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def approved_call_prompt(self, request: PromptRequest, prompt_ids: list[int]) -> list[int] | None:
+        """The prompt of a run that starts by executing the approved call its items end with: cut right after
+        the end-of-turn token that closes that call's assistant turn. None when the items do not end so."""
+        eos = self.tokenizer.eos_token_id
+        if not ends_with_approved_call(request.items) or eos is None or eos not in prompt_ids:
+            return None
+        return prompt_ids[: len(prompt_ids) - prompt_ids[::-1].index(eos)]
 
     def stop_token_ids(self) -> frozenset[int]:
         return self._stop

@@ -18,9 +18,10 @@ import llguidance
 
 from service.constraints.compiler import GrammarError, GrammarSpec, compile_grammar
 from service.constraints.matcher import GrammarMatcher
-from service.constraints.plan import CallTarget, DecodingPlan
+from service.constraints.plan import PYTHON_TARGET, CallTarget, DecodingPlan
 from service.engine.base import TokenBitmask
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk
+from service.prompting.chat_template_server_tools import code_call_body, json_call_target
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _JSON_OPTIONS = {"whitespace_flexible": False}
@@ -102,6 +103,9 @@ class ToolCallTextParser:
         except (ValueError, TypeError, KeyError):
             return self._text(CALL_OPEN + body + CALL_CLOSE) + self._close_message()
         text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        code = code_call_body(name, arguments)
+        if code is not None:  # the code interpreter: its body is the code, as on Harmony
+            name, text = code
         self._items += 1
         return [ItemStarted("function_call", name=name), ItemDelta(text), ItemEnded()]
 
@@ -144,9 +148,12 @@ def _arguments_schema(target: CallTarget, tokenizer: llguidance.LLTokenizer, bas
 
 def completion_grammar(plan: DecodingPlan, tokenizer: llguidance.LLTokenizer) -> GrammarSpec | None:
     """What the whole completion must match under `plan`, or None when it is free text."""
-    calls = [c for c in plan.calls if not c.custom]
+    calls = [json_call_target(c) for c in plan.calls if not c.custom or c.name == PYTHON_TARGET]
     strict = any(c.grammar is not None and c.grammar.strict for c in calls)
-    if plan.final and not strict:
+    # A server-side tool (`LABEL.NAME`: function names have no dot) is always constrained, as on Harmony:
+    # its call must be well-formed to be executed, and ends the completion.
+    server = any("." in c.name for c in calls)
+    if plan.final and not strict and not server:
         return plan.final_grammar  # None (free text) or the answer's JSON schema
     options = [
         {
