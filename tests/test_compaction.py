@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,9 @@ import pytest
 from service import compaction
 from service.errors import InvalidRequest
 from service.tools.secrets import new_key
-from tests.api_helpers import client_for
+from tests.api_helpers import client_for, sql_rows
 from tests.conftest import ServerProcess
+from tests.faults import doctor
 
 ServerFactory = Callable[..., ServerProcess]
 
@@ -83,7 +85,7 @@ def test_compact_round_trip_and_tampering(database_url: str, server_factory: Ser
 def test_compaction_item_from_another_key_is_refused(database_url: str, server_factory: ServerFactory) -> None:
     server = server_factory(database_url, SERVICE_SECRET_KEY=new_key()).start()
     client = client_for(server.url)
-    other = compaction.seal(compaction.compaction_key(new_key()), project="default", items=[])
+    other = compaction.seal(compaction.compaction_key(new_key(), b""), project="default", compaction_id="cmp_x")
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(input=[{"type": "compaction", "encrypted_content": other}], max_output_tokens=2)
     assert refused.value.code == "invalid_encrypted_content"
@@ -116,9 +118,46 @@ def test_context_management_compacts_past_the_threshold(database_url: str, serve
 
 
 def test_sealed_content_is_bound_to_key_and_project() -> None:
-    key = compaction.compaction_key("k")
-    sealed = compaction.seal(key, project="p", items=[{"type": "message"}])
-    assert compaction.open_sealed(key, project="p", content=sealed, param="x") == [{"type": "message"}]
-    for project, used in (("q", key), ("p", compaction.compaction_key("other"))):
+    key = compaction.compaction_key("k", b"")
+    sealed = compaction.seal(key, project="p", compaction_id="cmp_1")
+    assert compaction.open_sealed(key, project="p", content=sealed, param="x") == "cmp_1"
+    assert "cmp_1" not in sealed  # opaque: base64 of a versioned reference
+    stored = compaction.compaction_key(None, b"\x01" * 32)
+    for project, used in (("q", key), ("p", compaction.compaction_key("other", b"")), ("p", stored)):
         with pytest.raises(InvalidRequest):
             compaction.open_sealed(used, project=project, content=sealed, param="x")
+
+
+def test_state_is_server_side_with_a_stored_key(database_url: str, server_factory: ServerFactory) -> None:
+    """Without SERVICE_SECRET_KEY: the key is the database's (survives a restart, shared by replicas);
+    the item refers to a `compactions` row of its project; once that row is gone the item is refused."""
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    model = client.models.list().data[0].id
+    last, _ = _history(client)
+    compacted = client.responses.compact(model=model, previous_response_id=last)
+    item = compacted.output[-1]
+    assert item.type == "compaction"
+    rows = sql_rows(database_url, "SELECT id, project, data FROM compactions")
+    assert [(row[0], row[1]) for row in rows] == [(item.id, "default")]
+    state = json.loads(rows[0][2])
+    assert [m["role"] for m in state["dropped"]] == ["assistant"] * 3 and len(state["summary"]) == 1
+    assert "Earlier context" not in (item.encrypted_content or "")  # only a reference travels
+    again: Any = [
+        {"type": "compaction", "encrypted_content": item.encrypted_content},
+        {"type": "message", "role": "user", "content": "Where do I live?"},
+    ]
+    counted = client.responses.input_tokens.count(input=again).input_tokens
+
+    server.stop()
+    replica = server_factory(database_url).start()  # a fresh process: same stored key
+    other = client_for(replica.url)
+    assert other.responses.input_tokens.count(input=again).input_tokens == counted
+
+    sql_rows(database_url, "DELETE FROM compactions")
+    with pytest.raises(openai.BadRequestError) as refused:
+        other.responses.create(input=again, max_output_tokens=2)
+    assert refused.value.code == "invalid_encrypted_content" and "no longer exists" in refused.value.message
+    replica.stop()
+    report = doctor(database_url)
+    assert report.returncode == 0, report.stdout + report.stderr

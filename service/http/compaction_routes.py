@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -17,18 +16,33 @@ from service.http.auth import request_project
 from service.http.body import json_body
 from service.protocol.ids import new_response_id
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
+from service.store import compactions
 
 _COMPACT_PARAMS = tuple(compaction.CompactRequest.model_fields)
 
 
-def _key(request: Request) -> bytes:
-    commands: Commands = request.app.state.commands
-    return compaction.compaction_key(commands.settings.secret_key)
+async def _key(request: Request) -> bytes:
+    """The compaction HMAC key, read once per process (SERVICE_SECRET_KEY, else the database's stored key)."""
+    key: bytes | None = getattr(request.app.state, "compaction_key", None)
+    if key is None:
+        commands: Commands = request.app.state.commands
+        secret = commands.settings.secret_key
+        key = compaction.compaction_key(secret, b"" if secret else await compactions.stored_key(commands.db))
+        request.app.state.compaction_key = key
+    return key
 
 
 async def read_create_body(request: Request) -> Any:
     """The JSON body of a create/count request, with `compaction` input items expanded."""
-    return compaction.expand_input(await json_body(request), _key(request), project=request_project(request))
+    body = await json_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("input"), list):
+        return body  # no key read (nor database round trip) for requests without items
+    commands: Commands = request.app.state.commands
+
+    async def load(compaction_id: str, project: str) -> list[dict[str, Any]] | None:
+        return await compactions.load_summary(commands.db, compaction_id, project=project)
+
+    return await compaction.expand_input(body, await _key(request), load, project=request_project(request))
 
 
 async def _items(commands: Commands, create: CreateResponseRequest, *, project: str) -> list[dict[str, Any]]:
@@ -60,7 +74,7 @@ async def manage_context(request: Request, create: CreateResponseRequest) -> Cre
     head, tail = items[:last_user], items[last_user:]
     if not head:
         return create
-    users, summary = compaction.compact(head)
+    users, summary, _ = compaction.compact(head)
     kept = [compaction.input_message(item) for item in users] + summary + tail
     return parse_create_request(
         {**create.model_dump(mode="json", exclude_none=True), "input": kept, "previous_response_id": None}
@@ -89,12 +103,13 @@ async def compact_response(request: Request) -> Response:
     commands: Commands = request.app.state.commands
     project = request_project(request)
     input_tokens = await commands.count_input_tokens(create, project=project)
-    users, summary = compaction.compact(await _items(commands, create, project=project))
-    sealed = compaction.seal(_key(request), project=project, items=summary)
-    output = [*users, {"id": f"cmp_{secrets.token_hex(24)}", "type": "compaction", "encrypted_content": sealed}]
+    users, summary, dropped = compaction.compact(await _items(commands, create, project=project))
+    stored = await compactions.save(commands.db, project=project, summary=summary, dropped=dropped)
+    sealed = compaction.seal(await _key(request), project=project, compaction_id=stored)
+    output = [*users, {"id": stored, "type": "compaction", "encrypted_content": sealed}]
     return JSONResponse(
         {
-            "id": f"cmp_{secrets.token_hex(24)}",
+            "id": compactions.new_compaction_id(),
             "object": "response.compaction",
             "created_at": int(time.time()),
             "output": output,
