@@ -7,8 +7,11 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from openai.types.responses import Response, ResponseCompactionItem, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from service import compaction
 from service.errors import InvalidRequest
@@ -18,6 +21,7 @@ from tests.conftest import ServerProcess
 from tests.faults import doctor
 
 ServerFactory = Callable[..., ServerProcess]
+OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 def _history(client: openai.OpenAI) -> tuple[str, list[Any]]:
@@ -159,5 +163,57 @@ def test_state_is_server_side_with_a_stored_key(database_url: str, server_factor
         other.responses.create(input=again, max_output_tokens=2)
     assert refused.value.code == "invalid_encrypted_content" and "no longer exists" in refused.value.message
     replica.stop()
+    report = doctor(database_url)
+    assert report.returncode == 0, report.stdout + report.stderr
+
+
+def test_managed_response_carries_its_compaction_item(database_url: str, server_factory: ServerFactory) -> None:
+    """Like OpenAI's: a response compacted by `context_management` has the `compaction` item first in its
+    `output`, streamed as added/compacting/done (strictly the SDK's types), logged, and replayed the same."""
+    server = server_factory(database_url).start()
+    client = client_for(server.url)
+    last, _ = _history(client)
+    full = client.responses.input_tokens.count(previous_response_id=last, input="And my name?").input_tokens
+    body = {
+        "previous_response_id": last,
+        "input": "And my name?",
+        "max_output_tokens": 4,
+        "context_management": [{"type": "compaction", "compact_threshold": full - 1}],
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=120) as stream:
+        live = stream.read()
+    frames = [line[len("data: ") :] for line in live.decode().splitlines() if line.startswith("data: ")]
+    events = [OPENAI_EVENT.validate_json(frame, strict=True) for frame in frames]
+    response_id = events[0].response.id
+    head = [(e.type, getattr(e, "output_index", None)) for e in events[2:5]]
+    assert head == [
+        ("response.output_item.added", 0),
+        ("response.compaction.compacting", 0),
+        ("response.output_item.done", 0),
+    ]
+    item = events[4].item
+    assert isinstance(item, ResponseCompactionItem) and item.id.startswith("cmp_")
+
+    # Stored and retrieved (strictly the SDK's Response), in the log, replayed byte for byte.
+    response = Response.model_validate_json(client.responses.retrieve(response_id).model_dump_json(), strict=True)
+    assert response.output[0] == item and len(response.output) > 1
+    logged = sql_rows(database_url, "SELECT type FROM events WHERE response_id = :rid", rid=response_id)
+    assert ("response.compaction.compacting",) in logged
+    params = {"stream": "true"}
+    with httpx.stream("GET", f"{server.url}/v1/responses/{response_id}", params=params, timeout=120) as replay:
+        assert replay.read() == live
+    assert [(row[0], row[1]) for row in sql_rows(database_url, "SELECT id, project FROM compactions")] == [
+        (item.id, "default")
+    ]
+
+    # The chain goes on from it (the item renders as nothing: its summary is in the response's input),
+    # and its encrypted_content opens as an input item.
+    follow = client.responses.create(previous_response_id=response_id, input="Thanks.", max_output_tokens=2)
+    counted = client.responses.input_tokens.count(previous_response_id=response_id, input="Thanks.").input_tokens
+    assert follow.usage is not None and follow.usage.input_tokens == counted
+    sent_back: Any = [item.model_dump(exclude_none=True), {"type": "message", "role": "user", "content": "Hi"}]
+    assert client.responses.input_tokens.count(input=sent_back).input_tokens > 0
+    server.stop()
     report = doctor(database_url)
     assert report.returncode == 0, report.stdout + report.stderr

@@ -53,12 +53,15 @@ async def _items(commands: Commands, create: CreateResponseRequest, *, project: 
     return history + list(normalize_input(create, new_response_id()))
 
 
-async def manage_context(request: Request, create: CreateResponseRequest) -> CreateResponseRequest:
+async def _managed(
+    request: Request, create: CreateResponseRequest
+) -> tuple[CreateResponseRequest, list[dict[str, Any]], list[dict[str, Any]]] | None:
     """`context_management`: past compact_threshold prompt tokens, everything before the last user
-    message (history included) is compacted; that message and what follows are kept verbatim."""
+    message (history included) is compacted; that message and what follows are kept verbatim.
+    Returns (the new request, its summary, the dropped items), or None when nothing is compacted."""
     entry = create.context_management[0] if create.context_management else None
     if entry is None or entry.compact_threshold is None:
-        return create
+        return None
     if create.conversation is not None:
         raise InvalidRequest(
             "context_management cannot be combined with 'conversation' on this server.",
@@ -68,17 +71,40 @@ async def manage_context(request: Request, create: CreateResponseRequest) -> Cre
     commands: Commands = request.app.state.commands
     project = request_project(request)
     if await commands.count_input_tokens(create, project=project) <= entry.compact_threshold:
-        return create
+        return None
     items = await _items(commands, create, project=project)
     last_user = max((i for i, item in enumerate(items) if item.get("role") == "user"), default=len(items))
     head, tail = items[:last_user], items[last_user:]
     if not head:
-        return create
-    users, summary, _ = compaction.compact(head)
+        return None
+    users, summary, dropped = compaction.compact(head)
     kept = [compaction.input_message(item) for item in users] + summary + tail
-    return parse_create_request(
+    managed = parse_create_request(
         {**create.model_dump(mode="json", exclude_none=True), "input": kept, "previous_response_id": None}
     )
+    return managed, summary, dropped
+
+
+async def manage_context(request: Request, create: CreateResponseRequest) -> CreateResponseRequest:
+    """The request as `context_management` turns it (for counting: nothing is stored)."""
+    managed = await _managed(request, create)
+    return create if managed is None else managed[0]
+
+
+async def managed_create(
+    request: Request, create: CreateResponseRequest
+) -> tuple[CreateResponseRequest, dict[str, Any] | None]:
+    """Like manage_context, for a create: a compaction's state is stored and its `compaction` item,
+    which the response carries first in its `output` (like OpenAI's), returned with the request."""
+    managed = await _managed(request, create)
+    if managed is None:
+        return create, None
+    create, summary, dropped = managed
+    commands: Commands = request.app.state.commands
+    project = request_project(request)
+    stored = await compactions.save(commands.db, project=project, summary=summary, dropped=dropped)
+    sealed = compaction.seal(await _key(request), project=project, compaction_id=stored)
+    return create, {"id": stored, "type": "compaction", "encrypted_content": sealed}
 
 
 async def compact_response(request: Request) -> Response:

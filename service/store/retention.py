@@ -2,9 +2,10 @@
 
 A response expires `retention_days` after it was created, once its run has ended; a conversation
 expires `retention_days` after its last event; a compaction's stored state (`compactions`) expires
-`retention_days` after it was created, after which its `compaction` items are refused with a 400. Each is deleted whole (its log, facts,
-run row and projections) in small batches: candidates are chosen on a read snapshot, then deleted
-in one short write transaction per batch, so writers wait at most one batch's deletes.
+`retention_days` after it was created, after which its `compaction` items are refused with a 400.
+Each is deleted whole (its log, facts, run row and projections) in small batches: candidates are
+chosen on a read snapshot, then deleted in one short write transaction per batch, so writers wait
+at most one batch's deletes.
 """
 
 from __future__ import annotations
