@@ -145,7 +145,9 @@ def test_state_is_server_side_with_a_stored_key(database_url: str, server_factor
     rows = sql_rows(database_url, "SELECT id, project, data FROM compactions")
     assert [(row[0], row[1]) for row in rows] == [(item.id, "default")]
     state = json.loads(rows[0][2])
-    assert [m["role"] for m in state["dropped"]] == ["assistant"] * 3 and len(state["summary"]) == 1
+    # Dropped: the model's output items of the 3 turns (messages, reasoning: the random model varies).
+    assert len(state["dropped"]) >= 3 and all(m.get("role") != "user" for m in state["dropped"])
+    assert len(state["summary"]) == 1
     assert "Earlier context" not in (item.encrypted_content or "")  # only a reference travels
     again: Any = [
         {"type": "compaction", "encrypted_content": item.encrypted_content},
