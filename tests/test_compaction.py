@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -216,6 +217,22 @@ def test_managed_response_carries_its_compaction_item(database_url: str, server_
     assert follow.usage is not None and follow.usage.input_tokens == counted
     sent_back: Any = [item.model_dump(exclude_none=True), {"type": "message", "role": "user", "content": "Hi"}]
     assert client.responses.input_tokens.count(input=sent_back).input_tokens > 0
+    server.stop()
+
+    # After the replay window its stream is compacted to a token record and still replays byte for byte.
+    server = server_factory(
+        database_url,
+        SERVICE_LOG_COMPACTION_GRACE_SECONDS="0",
+        SERVICE_REPLAY_WINDOW_SECONDS="0",
+        SERVICE_RETENTION_SWEEP_SECONDS="0.2",
+    ).start()
+    recorded = "SELECT kind FROM run_facts WHERE response_id = :rid AND kind IN ('token_record', 'not_compactable')"
+    deadline = time.monotonic() + 60
+    while not sql_rows(database_url, recorded, rid=response_id) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sql_rows(database_url, recorded, rid=response_id) == [("token_record",)]
+    with httpx.stream("GET", f"{server.url}/v1/responses/{response_id}", params=params, timeout=120) as replay:
+        assert replay.read() == live
     server.stop()
     report = doctor(database_url)
     assert report.returncode == 0, report.stdout + report.stderr
