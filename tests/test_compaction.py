@@ -19,7 +19,7 @@ from service.errors import InvalidRequest
 from service.tools.secrets import new_key
 from tests.api_helpers import client_for, sql_rows
 from tests.conftest import ServerProcess
-from tests.faults import doctor
+from tests.faults import assert_doctor_clean_and_projections_rebuild, doctor
 
 ServerFactory = Callable[..., ServerProcess]
 OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -234,5 +234,5 @@ def test_managed_response_carries_its_compaction_item(database_url: str, server_
     with httpx.stream("GET", f"{server.url}/v1/responses/{response_id}", params=params, timeout=120) as replay:
         assert replay.read() == live
     server.stop()
-    report = doctor(database_url)
-    assert report.returncode == 0, report.stdout + report.stderr
+    assert_doctor_clean_and_projections_rebuild(database_url)
+    assert sql_rows(database_url, "SELECT id FROM compactions") == [(item.id,)]  # not a projection: kept
