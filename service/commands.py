@@ -57,8 +57,15 @@ class Commands:
         self.notifier = notifier
         self.settings = settings
 
-    async def create(self, request: CreateResponseRequest, *, project: str = DEFAULT_PROJECT) -> CreatedResponse:
-        """A new response owned by `project` (the project of the key that asked)."""
+    async def create(
+        self,
+        request: CreateResponseRequest,
+        *,
+        project: str = DEFAULT_PROJECT,
+        compaction_item: dict[str, Any] | None = None,
+    ) -> CreatedResponse:
+        """A new response owned by `project` (the project of the key that asked); `compaction_item`: the
+        output item of a `context_management` compaction (service/http/compaction_routes.py)."""
         if request.model not in (None, self.runtime.model_id):
             raise NotFound(
                 f"The model '{request.model}' does not exist. This server serves '{self.runtime.model_id}'.",
@@ -117,6 +124,7 @@ class Commands:
             # truncation='auto' may have dropped some of them from the prompt: keep them for the projections.
             **({"input_items": input_items} if prompt_request.items[-len(input_items) :] != input_items else {}),
             **server_tools.fact_fields(),
+            **({"compaction_item": compaction_item} if compaction_item is not None else {}),
             "store": request.store,
             "project": project,  # the owner, in the log, so that a rebuild keeps it
             "logprobs": wants_logprobs(request),
@@ -278,7 +286,9 @@ class Commands:
                     param="previous_response_id",
                     code="previous_response_in_progress",
                 )
-            return await read_models.conversation_history(connection, previous_response_id, project=project)
+            history = await read_models.conversation_history(connection, previous_response_id, project=project)
+        # A `compaction` output item renders as nothing: its summary is already in that response's input.
+        return [item for item in history if item.get("type") != "compaction"]
 
     async def cancel(self, response_id: str, *, project: str) -> dict[str, Any]:
         """Idempotent: a finished background response is returned unchanged."""

@@ -114,7 +114,8 @@ def replay_run(
     was the first time (service/tool_state.py), so the continuation is the same."""
     builder = StreamBuilder(fact["response"])
     parser = chat_format.new_parser()
-    regenerated = builder.created() + builder.in_progress() + builder.list_tools(fact.get("mcp_listed") or [])
+    regenerated = builder.created() + builder.in_progress() + builder.compaction(fact.get("compaction_item"))
+    regenerated += builder.list_tools(fact.get("mcp_listed") or [])
     approved = fact.get("approved_call")
     if approved is not None:
         regenerated += builder.start_approved_call(

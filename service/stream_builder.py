@@ -212,6 +212,18 @@ class StreamBuilder:
         self._open.text.append(arguments)
         return out + self._close_open("completed")
 
+    def compaction(self, item: dict[str, Any] | None) -> list[Event]:
+        """The `compaction` item of a response compacted by `context_management` (made before sampling)."""
+        if item is None:
+            return []
+        index = len(self.output)
+        self.output.append(copy.deepcopy(item))
+        return [
+            self._event("response.output_item.added", output_index=index, item=copy.deepcopy(item)),
+            self._event("response.compaction.compacting", item_id=item["id"], output_index=index),
+            self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)),
+        ]
+
     def list_tools(self, listed: list[dict[str, Any]]) -> list[Event]:
         """`mcp_list_tools` items for the servers listed when the request was created."""
         out: list[Event] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -17,18 +16,33 @@ from service.http.auth import request_project
 from service.http.body import json_body
 from service.protocol.ids import new_response_id
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
+from service.store import compactions
 
 _COMPACT_PARAMS = tuple(compaction.CompactRequest.model_fields)
 
 
-def _key(request: Request) -> bytes:
-    commands: Commands = request.app.state.commands
-    return compaction.compaction_key(commands.settings.secret_key)
+async def _key(request: Request) -> bytes:
+    """The compaction HMAC key, read once per process (SERVICE_SECRET_KEY, else the database's stored key)."""
+    key: bytes | None = getattr(request.app.state, "compaction_key", None)
+    if key is None:
+        commands: Commands = request.app.state.commands
+        secret = commands.settings.secret_key
+        key = compaction.compaction_key(secret, b"" if secret else await compactions.stored_key(commands.db))
+        request.app.state.compaction_key = key
+    return key
 
 
 async def read_create_body(request: Request) -> Any:
     """The JSON body of a create/count request, with `compaction` input items expanded."""
-    return compaction.expand_input(await json_body(request), _key(request), project=request_project(request))
+    body = await json_body(request)
+    if not isinstance(body, dict) or not isinstance(body.get("input"), list):
+        return body  # no key read (nor database round trip) for requests without items
+    commands: Commands = request.app.state.commands
+
+    async def load(compaction_id: str, project: str) -> list[dict[str, Any]] | None:
+        return await compactions.load_summary(commands.db, compaction_id, project=project)
+
+    return await compaction.expand_input(body, await _key(request), load, project=request_project(request))
 
 
 async def _items(commands: Commands, create: CreateResponseRequest, *, project: str) -> list[dict[str, Any]]:
@@ -39,12 +53,15 @@ async def _items(commands: Commands, create: CreateResponseRequest, *, project: 
     return history + list(normalize_input(create, new_response_id()))
 
 
-async def manage_context(request: Request, create: CreateResponseRequest) -> CreateResponseRequest:
+async def _managed(
+    request: Request, create: CreateResponseRequest
+) -> tuple[CreateResponseRequest, list[dict[str, Any]], list[dict[str, Any]]] | None:
     """`context_management`: past compact_threshold prompt tokens, everything before the last user
-    message (history included) is compacted; that message and what follows are kept verbatim."""
+    message (history included) is compacted; that message and what follows are kept verbatim.
+    Returns (the new request, its summary, the dropped items), or None when nothing is compacted."""
     entry = create.context_management[0] if create.context_management else None
     if entry is None or entry.compact_threshold is None:
-        return create
+        return None
     if create.conversation is not None:
         raise InvalidRequest(
             "context_management cannot be combined with 'conversation' on this server.",
@@ -54,17 +71,40 @@ async def manage_context(request: Request, create: CreateResponseRequest) -> Cre
     commands: Commands = request.app.state.commands
     project = request_project(request)
     if await commands.count_input_tokens(create, project=project) <= entry.compact_threshold:
-        return create
+        return None
     items = await _items(commands, create, project=project)
     last_user = max((i for i, item in enumerate(items) if item.get("role") == "user"), default=len(items))
     head, tail = items[:last_user], items[last_user:]
     if not head:
-        return create
-    users, summary = compaction.compact(head)
+        return None
+    users, summary, dropped = compaction.compact(head)
     kept = [compaction.input_message(item) for item in users] + summary + tail
-    return parse_create_request(
+    managed = parse_create_request(
         {**create.model_dump(mode="json", exclude_none=True), "input": kept, "previous_response_id": None}
     )
+    return managed, summary, dropped
+
+
+async def manage_context(request: Request, create: CreateResponseRequest) -> CreateResponseRequest:
+    """The request as `context_management` turns it (for counting: nothing is stored)."""
+    managed = await _managed(request, create)
+    return create if managed is None else managed[0]
+
+
+async def managed_create(
+    request: Request, create: CreateResponseRequest
+) -> tuple[CreateResponseRequest, dict[str, Any] | None]:
+    """Like manage_context, for a create: a compaction's state is stored and its `compaction` item,
+    which the response carries first in its `output` (like OpenAI's), returned with the request."""
+    managed = await _managed(request, create)
+    if managed is None:
+        return create, None
+    create, summary, dropped = managed
+    commands: Commands = request.app.state.commands
+    project = request_project(request)
+    stored = await compactions.save(commands.db, project=project, summary=summary, dropped=dropped)
+    sealed = compaction.seal(await _key(request), project=project, compaction_id=stored)
+    return create, {"id": stored, "type": "compaction", "encrypted_content": sealed}
 
 
 async def compact_response(request: Request) -> Response:
@@ -89,12 +129,13 @@ async def compact_response(request: Request) -> Response:
     commands: Commands = request.app.state.commands
     project = request_project(request)
     input_tokens = await commands.count_input_tokens(create, project=project)
-    users, summary = compaction.compact(await _items(commands, create, project=project))
-    sealed = compaction.seal(_key(request), project=project, items=summary)
-    output = [*users, {"id": f"cmp_{secrets.token_hex(24)}", "type": "compaction", "encrypted_content": sealed}]
+    users, summary, dropped = compaction.compact(await _items(commands, create, project=project))
+    stored = await compactions.save(commands.db, project=project, summary=summary, dropped=dropped)
+    sealed = compaction.seal(await _key(request), project=project, compaction_id=stored)
+    output = [*users, {"id": stored, "type": "compaction", "encrypted_content": sealed}]
     return JSONResponse(
         {
-            "id": f"cmp_{secrets.token_hex(24)}",
+            "id": compactions.new_compaction_id(),
             "object": "response.compaction",
             "created_at": int(time.time()),
             "output": output,

@@ -111,6 +111,15 @@ class CustomToolCallOutput(BaseModel):
     status: ItemStatus | None = None
 
 
+class CompactionItem(BaseModel):
+    """A compaction: an HMAC'd reference to server-side state (service/compaction.py)."""
+
+    id: str
+    type: Literal["compaction"]
+    encrypted_content: str
+    created_by: str | None = None
+
+
 OutputItem = Annotated[
     OutputMessage
     | ReasoningOutputItem
@@ -119,7 +128,8 @@ OutputItem = Annotated[
     | McpListTools
     | McpCall
     | McpApprovalRequest
-    | CodeInterpreterCall,
+    | CodeInterpreterCall
+    | CompactionItem,
     Field(discriminator="type"),
 ]
 InputItem = Annotated[
@@ -133,7 +143,8 @@ InputItem = Annotated[
     | McpCall
     | McpApprovalRequest
     | McpApprovalResponse
-    | CodeInterpreterCall,
+    | CodeInterpreterCall
+    | CompactionItem,
     Field(discriminator="type"),
 ]
 
@@ -408,6 +419,13 @@ class CustomToolCallInputDoneEvent(_Event):
     input: str
 
 
+class CompactionCompactingEvent(BaseModel):
+    type: Literal["response.compaction.compacting"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+
+
 class StreamEvent(BaseModel):
     """One event of a response's stream, as OpenAI names and shapes it."""
 
@@ -427,6 +445,7 @@ class StreamEvent(BaseModel):
         | McpCallArgumentsDeltaEvent
         | McpCallArgumentsDoneEvent
         | CodeInterpreterCodeDeltaEvent
-        | CodeInterpreterCodeDoneEvent,
+        | CodeInterpreterCodeDoneEvent
+        | CompactionCompactingEvent,
         Field(discriminator="type"),
     ]

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
 from service.http.auth import request_project
-from service.http.compaction_routes import manage_context, read_create_body
+from service.http.compaction_routes import managed_create, read_create_body
 from service.http.include_view import CI_OUTPUTS, hide_event_outputs, hide_outputs, query_includes
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_events
@@ -35,8 +35,8 @@ def _commands(request: Request) -> Commands:
 async def create_response(request: Request) -> Response:
     commands = _commands(request)
     project = request_project(request)
-    create = await manage_context(request, parse_create_request(await read_create_body(request)))
-    created = await commands.create(create, project=project)
+    create, compacted = await managed_create(request, parse_create_request(await read_create_body(request)))
+    created = await commands.create(create, project=project, compaction_item=compacted)
     response_id_var.set(created.response_id)
     if create.stream:
         return _stream(

@@ -5,7 +5,8 @@ one terminal event and it is the last, the run marked done exactly when a termin
 and the stored projection equal to a fresh fold of the log. Per conversation stream (`conv_…`):
 sequence numbers 0..N and its `conversations`/`conversation_entries` rows equal to a fresh fold.
 Across tables: no facts, runs, projections or items whose response (or conversation) has no
-events (orphans). Reads everything in one snapshot; meant for operators and tests, not for a hot path.
+events (orphans). `compactions` rows and `server_keys` are not derived from the log: their shape is
+checked. Reads everything in one snapshot; meant for operators and tests, not for a hot path.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ from service.conversations.store import is_conversation_stream
 from service.projection import project
 from service.protocol import TERMINAL_EVENT_TYPES, TERMINAL_STATUSES
 from service.store import event_log
+from service.store.compactions import check_row
 from service.store.db import create_engine
 from service.store.event_log import encode
-from service.store.schema import conversation_entries, conversation_items, conversations, responses, run_facts, runs
+from service.store.schema import (
+    compactions,
+    conversation_entries,
+    conversation_items,
+    conversations,
+    responses,
+    run_facts,
+    runs,
+    server_keys,
+)
 from service.store.token_facts import RECORD_KIND
 
 
@@ -90,6 +101,8 @@ async def check_database(database_url: str) -> Report:
                 )
             ):
                 stored_entries[row.conversation_id].append(tuple(row))
+            stored_compactions = list(await connection.execute(sa.select(compactions.c.id, compactions.c.data)))
+            keys = list(await connection.execute(sa.select(server_keys.c.name, server_keys.c.key)))
     finally:
         await db.dispose()
 
@@ -120,6 +133,13 @@ async def check_database(database_url: str) -> Report:
         problems += [
             Problem(rid, f"orphan rows in {table}: the response has no events") for rid in ids - grouped.keys()
         ]
+    # Compaction state and server keys are not derived from the log (no orphans possible): check their shape.
+    for row in stored_compactions:
+        if (wrong := check_row(row.id, row.data)) is not None:
+            problems.append(Problem(row.id, wrong))
+    for row in keys:
+        if len(row.key) != 64 or any(c not in "0123456789abcdef" for c in row.key):
+            problems.append(Problem(row.name, "server key is not 32 bytes of hex"))
     return Report(len(grouped) - len(conversation_streams), total, problems, len(conversation_streams))
 
 

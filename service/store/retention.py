@@ -1,9 +1,11 @@
 """Retention: delete responses and conversations older than the horizon (`SERVICE_RETENTION_DAYS`).
 
 A response expires `retention_days` after it was created, once its run has ended; a conversation
-expires `retention_days` after its last event. Each is deleted whole (its log, facts, run row and
-projections) in small batches: candidates are chosen on a read snapshot, then deleted in one
-short write transaction per batch, so writers wait at most one batch's deletes.
+expires `retention_days` after its last event; a compaction's stored state (`compactions`) expires
+`retention_days` after it was created, after which its `compaction` items are refused with a 400.
+Each is deleted whole (its log, facts, run row and projections) in small batches: candidates are
+chosen on a read snapshot, then deleted in one short write transaction per batch, so writers wait
+at most one batch's deletes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.conversations import store as conversation_store
-from service.store import event_log, recorder
+from service.store import compactions, event_log, recorder
 from service.store.faults import is_transient
 from service.store.log_compaction import compact_finished_runs
 from service.store.schema import conversations, responses, runs
@@ -32,12 +34,13 @@ SECONDS_PER_DAY = 86_400.0
 class Swept:
     responses: int
     conversations: int
+    compactions: int = 0
 
 
 async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100, now: float | None = None) -> Swept:
     """Delete everything past the horizon, batch by batch; returns how much went."""
     if retention_days <= 0:
-        return Swept(0, 0)
+        return Swept(0, 0, 0)
     cutoff = (time.time() if now is None else now) - retention_days * SECONDS_PER_DAY
     gone_responses = gone_conversations = 0
     while True:
@@ -81,7 +84,15 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
         gone_conversations += len(ids)
         if len(ids) < batch_size:
             break
-    return Swept(gone_responses, gone_conversations)
+    gone_compactions = 0
+    while True:
+        # Compaction state expires `retention_days` after it was created, like a response.
+        async with db.begin() as connection:
+            gone = await compactions.purge_before(connection, cutoff, limit=batch_size)
+        gone_compactions += gone
+        if gone < batch_size:
+            break
+    return Swept(gone_responses, gone_conversations, gone_compactions)
 
 
 async def run_sweeper(
@@ -99,8 +110,13 @@ async def run_sweeper(
     while True:
         try:
             swept = await sweep(db, retention_days=retention_days, batch_size=batch_size)
-            if swept.responses or swept.conversations:
-                log.info("retention: deleted %d responses, %d conversations", swept.responses, swept.conversations)
+            if swept.responses or swept.conversations or swept.compactions:
+                log.info(
+                    "retention: deleted %d responses, %d conversations, %d compactions",
+                    swept.responses,
+                    swept.conversations,
+                    swept.compactions,
+                )
             while await compact_finished_runs(db, batch_size=batch_size, grace_seconds=compaction_grace) == batch_size:
                 pass
             while compact_streams is not None and await compact_streams(batch_size) == batch_size:

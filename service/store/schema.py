@@ -9,6 +9,8 @@ keep them stable and documented in the README's "SQL inspection" section.
 - `responses`, `conversation_items`: projections, rebuildable from the two logs.
 - `api_keys`: named keys (SHA-256 hashes only) and the project each belongs to. `responses.project`
   and `runs.project` name the owner; every read, cancel and delete filters on it in its SQL.
+- `compactions`: the kept context of each compaction (not a projection; retention purges it by age).
+  `server_keys`: random keys created once, used when SERVICE_SECRET_KEY is unset.
 """
 
 from __future__ import annotations
@@ -131,6 +133,27 @@ conversation_entries = sa.Table(
     sa.Column("text", sa.Text, nullable=True),
     sa.Column("data", sa.Text, nullable=False),
     sa.Index("ix_conversation_entries_item", "conversation_id", "item_id"),
+)
+
+# What a compaction kept (service/store/compactions.py): `data` = {"summary": [...], "dropped": [...]}.
+# A `compaction` item's encrypted_content is an HMAC'd reference to (id, project); retention purges by age.
+compactions = sa.Table(
+    "compactions",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),  # cmp_…
+    sa.Column("project", sa.String(128), nullable=False),  # the owner
+    sa.Column("created_at", sa.Float, nullable=False),  # unix seconds
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Index("ix_compactions_created_at", "created_at"),
+)
+
+# Random keys created once (migration 0004) and shared by every replica: used when SERVICE_SECRET_KEY is unset.
+server_keys = sa.Table(
+    "server_keys",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("key", sa.String(128), nullable=False),  # hex
+    sa.Column("created_at", sa.Float, nullable=False),
 )
 
 # A chain of responses linked by previous_response_id, one row per (response, ancestor-or-self).
