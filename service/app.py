@@ -82,7 +82,11 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         try:
             yield
         finally:
+            # Awaited before the engine is disposed: a sweep cut off mid-query must finish unwinding on a
+            # live connection pool, or its task waits forever on a driver thread that is gone.
             sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sweeper
             await supervisor.stop()
             await notifier.close()
             await db.dispose()
