@@ -53,17 +53,23 @@ def test_runs_beyond_the_budget_wait_in_the_queue(
 ) -> None:
     per_run = OnnxEngine(random_model_dir, intra_op_threads=1).kv_bytes_per_sequence()
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    # Queue three long runs (one may start), then restart with room for two KV caches and a half: the
-    # first claim takes the two oldest together, and the third waits until one of them has ended.
+    # Queue three runs behind one slot (run 0, long, starts; 1 and 2 wait), then restart with room for two KV
+    # caches and a half: the first claim takes runs 0 and 1 together, and run 2 waits until run 1 has ended.
+    # Run 0 is too long to end by itself meanwhile (whatever the machine's speed) and is cancelled at the end.
     server = server_factory(url, SERVICE_MAX_ACTIVE_RUNS="1").start()
     client = client_for(server.url)
-    ids = [client.responses.create(input=f"run {n}", max_output_tokens=300, background=True).id for n in range(3)]
+    ids = [
+        client.responses.create(input=f"run {n}", max_output_tokens=4000 if n == 0 else 300, background=True).id
+        for n in range(3)
+    ]
     server.stop()
     server = server_factory(url, SERVICE_KV_CACHE_BUDGET_BYTES=str(per_run * 5 // 2)).start()
     client = client_for(server.url)
-    for response_id in ids:
-        assert wait_until_terminal(client, response_id).status in ("completed", "incomplete")
+    for response_id in ids[1:]:
+        assert wait_until_terminal(client, response_id).status == "incomplete"
+    client.responses.cancel(ids[0])
+    assert wait_until_terminal(client, ids[0]).status == "cancelled"
     spans = [_first_and_last_positions(url, response_id) for response_id in ids]
-    # The log's positions are commit order: runs 0 and 1 interleave, run 2 starts after one of them ends.
+    # The log's positions are commit order: runs 0 and 1 interleave, run 2 starts after run 1 has ended.
     assert spans[1][0] < spans[0][1]
-    assert spans[2][0] > min(spans[0][1], spans[1][1])
+    assert spans[2][0] > spans[1][1]
