@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, PromptRequ
 from service.prompting.chat_template import ChatTemplateFormat
 from service.prompting.chat_template_tools import ToolCallTextParser, completion_grammar
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
-from tests.api_helpers import client_for, wait_until_terminal
+from tests.api_helpers import client_for
 from tests.conftest import ServerProcess
 from tests.test_chat_template_model import chat_model_dir  # noqa: F401 (fixture)
 from tests.test_server_tools import (
@@ -30,8 +29,9 @@ from tests.test_server_tools import (
     calls_to,
     error_body,
     force,
+    kill_9_after_a_logged_result,
+    kill_9_during_a_call,
     mcp_tool,
-    without_ids,
 )
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
@@ -223,45 +223,8 @@ def test_kill_9_after_a_logged_result_never_calls_again(
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
     env = {"SERVICE_MODEL": str(chat_model_dir), "SERVICE_SECRET_KEY": Fernet.generate_key().decode()}
-    server: ServerProcess = server_factory(database_url, **env).start()
-    client = client_for(server.url)
-    request: dict[str, Any] = {
-        "input": "pick a color, then talk",
-        "tools": [mcp_tool(mcp_server, authorization=SECRET, allowed_tools=["pick"])],
-        "tool_choice": force("pick"),
-        "max_tool_calls": 1,
-        "max_output_tokens": 200,
-        "extra_body": {"seed": 4242},
-    }
-    before = len(calls_to(mcp_server, "pick"))
-    reference = client.responses.create(**request)
-    assert len(calls_to(mcp_server, "pick")) == before + 1
-    stream = client.responses.create(**request, background=True, stream=True)
-    seen: list[dict[str, Any]] = []
-    for event in stream:
-        seen.append(event.model_dump())
-        if event.type == "response.mcp_call.completed":  # committed with the call's logged result
-            break
-    response_id = seen[0]["response"]["id"]
-    server.kill()  # kill -9 right after the result was logged
-    assert len(calls_to(mcp_server, "pick")) == before + 2
-    server = server_factory(database_url, **env).start()
-    client = client_for(server.url)
-    rest = [
-        e.model_dump()
-        for e in client.responses.retrieve(response_id, stream=True, starting_after=seen[-1]["sequence_number"])
-    ]
-    whole = seen + rest
-    assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
-    assert whole[-1]["type"] in ("response.completed", "response.incomplete")
-    final = client.responses.retrieve(response_id)
-    assert len(calls_to(mcp_server, "pick")) == before + 2, "a call with a logged result is never made again"
-    # The resumed run continued from the logged result with exactly the uninterrupted run's tokens.
-    assert without_ids(final.output) == without_ids(reference.output)
-    assert final.usage is not None and reference.usage is not None
-    assert final.usage.output_tokens == reference.usage.output_tokens
-    server.stop()
-    assert_secret_absent(database_url)
+    tool = mcp_tool(mcp_server, authorization=SECRET, allowed_tools=["pick"])
+    kill_9_after_a_logged_result(server_factory, database_url, mcp_server, env, tool, tokens=200)
 
 
 def test_kill_9_during_a_call_retries_it_once_with_its_key(
@@ -270,34 +233,8 @@ def test_kill_9_during_a_call_retries_it_once_with_its_key(
     chat_model_dir: Path,  # noqa: F811
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
-    client = client_for(server.url)
-    before = len(calls_to(mcp_server, "nap"))
-    stream = client.responses.create(
-        input="rest",
-        tools=[mcp_tool(mcp_server, allowed_tools=["nap"])],
-        tool_choice=force("nap"),
-        max_tool_calls=1,
-        max_output_tokens=60,
-        background=True,
-        stream=True,
+    env = {"SERVICE_MODEL": str(chat_model_dir)}
+    final = kill_9_during_a_call(
+        server_factory, database_url, mcp_server, env, mcp_tool(mcp_server, allowed_tools=["nap"])
     )
-    response_id = ""
-    for event in stream:
-        if event.type == "response.created":
-            response_id = event.response.id
-        if event.type == "response.mcp_call_arguments.done":
-            break
-    deadline = time.monotonic() + 30  # waits for the call to arrive; nothing is gated on its duration
-    while len(calls_to(mcp_server, "nap")) == before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    server.kill()  # kill -9 while the 4 s call is in flight: its start is logged, its result is not
-    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
-    client = client_for(server.url)
-    final = wait_until_terminal(client, response_id)
-    naps = calls_to(mcp_server, "nap")[before:]
-    assert [call["idempotency_key"] for call in naps] == [f"{response_id}:tool:0"] * 2, "retried once, same key"
-    call = next(item for item in final.output if item.type == "mcp_call")
-    assert call.output == "rested" and call.status == "completed"
     assert final.output[-1].type == "message"  # the model went on after the retried call's result
-    assert_openai_strict(server.url, response_id)

@@ -150,25 +150,29 @@ def without_ids(items: list[Any]) -> list[dict[str, Any]]:
     return [{k: v for k, v in item.model_dump().items() if k not in ("id", "container_id")} for item in items]
 
 
-def test_kill_9_after_a_logged_result_never_calls_again(
+def kill_9_after_a_logged_result(
     server_factory: Any,
     database_url: str,
-    mcp_server: McpServer,  # noqa: F811
+    counting_server: McpServer,
+    env: dict[str, str],
+    tool: Any,
+    tokens: int,
 ) -> None:
-    env = {**BUDGET, "SERVICE_SECRET_KEY": Fernet.generate_key().decode()}
+    """kill -9 right after a call's result is logged: after a restart the call is not made again, and the
+    resumed run's output equals an uninterrupted run's with the same seed (shared with the chat-template tests)."""
     server: ServerProcess = server_factory(database_url, **env).start()
     client = client_for(server.url)
     request: dict[str, Any] = {
         "input": "pick a color, then talk",
-        "tools": [mcp_tool(mcp_server, authorization=SECRET)],
+        "tools": [tool],
         "tool_choice": force("pick"),
         "max_tool_calls": 1,
-        "max_output_tokens": 300,
+        "max_output_tokens": tokens,
         "extra_body": {"seed": 4242},
     }
-    before = len(calls_to(mcp_server, "pick"))
+    before = len(calls_to(counting_server, "pick"))
     reference = client.responses.create(**request)
-    assert len(calls_to(mcp_server, "pick")) == before + 1
+    assert len(calls_to(counting_server, "pick")) == before + 1
     stream = client.responses.create(**request, background=True, stream=True)
     seen: list[dict[str, Any]] = []
     for event in stream:
@@ -177,7 +181,7 @@ def test_kill_9_after_a_logged_result_never_calls_again(
             break
     response_id = seen[0]["response"]["id"]
     server.kill()  # kill -9 right after the result was logged
-    assert len(calls_to(mcp_server, "pick")) == before + 2
+    assert len(calls_to(counting_server, "pick")) == before + 2
     server = server_factory(database_url, **env).start()
     client = client_for(server.url)
     rest = [
@@ -188,13 +192,24 @@ def test_kill_9_after_a_logged_result_never_calls_again(
     assert [e["sequence_number"] for e in whole] == list(range(len(whole)))
     assert whole[-1]["type"] in ("response.completed", "response.incomplete")
     final = client.responses.retrieve(response_id)
-    assert len(calls_to(mcp_server, "pick")) == before + 2, "a call with a logged result is never made again"
+    assert len(calls_to(counting_server, "pick")) == before + 2, "a call with a logged result is never made again"
     # The resumed run continued from the logged result with exactly the uninterrupted run's tokens.
     assert without_ids(final.output) == without_ids(reference.output)
     assert final.usage is not None and reference.usage is not None
     assert final.usage.output_tokens == reference.usage.output_tokens
     server.stop()
     assert_secret_absent(database_url)
+
+
+def test_kill_9_after_a_logged_result_never_calls_again(
+    server_factory: Any,
+    database_url: str,
+    mcp_server: McpServer,  # noqa: F811
+) -> None:
+    env = {**BUDGET, "SERVICE_SECRET_KEY": Fernet.generate_key().decode()}
+    kill_9_after_a_logged_result(
+        server_factory, database_url, mcp_server, env, mcp_tool(mcp_server, authorization=SECRET), tokens=300
+    )
 
 
 def test_allowed_tools_unreachable_and_refused_urls(
@@ -388,17 +403,17 @@ def assert_outputs_need_include(url: str, client: openai.OpenAI, response_id: st
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "include"
 
 
-def test_kill_9_during_a_call_retries_it_once_with_its_key(
-    server_factory: Any,
-    database_url: str,
-    mcp_server: McpServer,  # noqa: F811
-) -> None:
-    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+def kill_9_during_a_call(
+    server_factory: Any, database_url: str, counting_server: McpServer, env: dict[str, str], tool: Any
+) -> Any:
+    """kill -9 while a slow call is in flight (its start logged, its result not): after a restart it is made
+    exactly once more, with the same idempotency key; returns the finished response."""
+    server: ServerProcess = server_factory(database_url, **env).start()
     client = client_for(server.url)
-    before = len(calls_to(mcp_server, "nap"))
+    before = len(calls_to(counting_server, "nap"))
     stream = client.responses.create(
         input="rest",
-        tools=[mcp_tool(mcp_server)],
+        tools=[tool],
         tool_choice=force("nap"),
         max_tool_calls=1,
         max_output_tokens=60,
@@ -411,15 +426,24 @@ def test_kill_9_during_a_call_retries_it_once_with_its_key(
             response_id = event.response.id
         if event.type == "response.mcp_call_arguments.done":
             break
-    deadline = time.monotonic() + 30
-    while len(calls_to(mcp_server, "nap")) == before and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # waits for the call to arrive; nothing is gated on its duration
+    while len(calls_to(counting_server, "nap")) == before and time.monotonic() < deadline:
         time.sleep(0.05)
     server.kill()  # kill -9 while the 4 s call is in flight: its start is logged, its result is not
-    server = server_factory(database_url, **BUDGET).start()
+    server = server_factory(database_url, **env).start()
     client = client_for(server.url)
     final = wait_until_terminal(client, response_id)
-    naps = calls_to(mcp_server, "nap")[before:]
+    naps = calls_to(counting_server, "nap")[before:]
     assert [call["idempotency_key"] for call in naps] == [f"{response_id}:tool:0"] * 2, "retried once, same key"
     call = next(item for item in final.output if item.type == "mcp_call")
     assert call.output == "rested" and call.status == "completed"
     assert_openai_strict(server.url, response_id)
+    return final
+
+
+def test_kill_9_during_a_call_retries_it_once_with_its_key(
+    server_factory: Any,
+    database_url: str,
+    mcp_server: McpServer,  # noqa: F811
+) -> None:
+    kill_9_during_a_call(server_factory, database_url, mcp_server, BUDGET, mcp_tool(mcp_server))
