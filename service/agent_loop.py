@@ -21,11 +21,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from service.store.event_log import TOOL_FACT_KINDS
 from service.tools.base import ToolResult
 from service.tools.registry import ToolRegistry
 
-STARTED = "tool_call_started"
-RESULT = "tool_call_result"
+# The fact kinds are the store's (it reads them to tell whether a tool fact landed): one spelling.
+STARTED, RESULT = TOOL_FACT_KINDS
 
 LogFact = Callable[[str, dict[str, Any]], Awaitable[None]]
 
