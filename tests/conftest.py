@@ -20,6 +20,27 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+# Suites that start servers and kill, restart or replicate them: the README's test command skips them
+# (`-m "not slow"`) and CI runs them as a step of their own (`-m slow`), so each step stays near ten
+# to twenty minutes on two cores.
+SLOW_MODULES = frozenset(
+    {
+        "test_durability",
+        "test_chaos",
+        "test_compaction",
+        "test_conversations",
+        "test_server_tools",
+        "test_chat_template_server_tools",
+    }
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_DSN = os.environ.get("TEST_POSTGRES_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_URL_TEMPLATE = os.environ.get("TEST_POSTGRES_URL_TEMPLATE", "postgresql+asyncpg://postgres@127.0.0.1:5432/{db}")

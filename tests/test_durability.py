@@ -112,8 +112,9 @@ def test_cancel_while_the_owner_is_dead_wins(database_url: str, server_factory: 
 def test_two_replicas_survivor_finishes_the_run(database_url: str, server_factory: ServerFactory) -> None:
     a = server_factory(database_url).start()
     b = server_factory(database_url).start()
+    # Long enough that the victim is still generating when it is killed, however slow the machine is.
     response = client_for(a.url).responses.create(
-        input="replicated", max_output_tokens=400, background=True, extra_body={"seed": 9}
+        input="replicated", max_output_tokens=1500, background=True, extra_body={"seed": 9}
     )
     deadline = time.monotonic() + 60
     owner = None
