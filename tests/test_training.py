@@ -20,6 +20,7 @@ from service.engine.sampling import bitmask_to_bool
 from service.prompting.base import ItemStarted
 from service.training.config import TrainConfig
 from service.training.corpus import Renderer, make_samples
+from service.training.stats import number_tokens, rarest_token_counts, salient_number_counts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(
@@ -63,6 +64,17 @@ def test_held_out_prompts_differ_from_training_prompts() -> None:
     train = {json.dumps(s.request.items) for s in make_samples(1, 300)}
     held_out = [json.dumps(s.request.items) for s in make_samples(424242, 300)]
     assert sum(h in train for h in held_out) < 30  # only short generic turns repeat
+
+
+def test_tool_values_are_numbers_the_corpus_teaches_often() -> None:
+    enc = Renderer().fmt.encoding
+    train = make_samples(1, 3000)
+    counts = salient_number_counts(train)
+    assert counts  # numeric tool values exist
+    assert all(len(enc.decode([t]).strip()) <= 2 for t in counts)  # one- and two-digit tokens only
+    assert number_tokens("42.07 and 642") == [enc.encode(n)[0] for n in ("42", "07", "642")]
+    rarest = rarest_token_counts(train, make_samples(424242, 300))
+    assert rarest and min(rarest) >= 1 and float(np.median(rarest)) >= 5  # seen, most of them often
 
 
 @needs_torch
