@@ -66,15 +66,18 @@ def test_held_out_prompts_differ_from_training_prompts() -> None:
     assert sum(h in train for h in held_out) < 30  # only short generic turns repeat
 
 
-def test_tool_values_are_numbers_the_corpus_teaches_often() -> None:
+def test_the_number_token_proxy_counts_tool_values_by_their_rarest_token() -> None:
     enc = Renderer().fmt.encoding
-    train = make_samples(1, 3000)
-    counts = salient_number_counts(train)
-    assert counts  # numeric tool values exist
-    assert all(len(enc.decode([t]).strip()) <= 2 for t in counts)  # one- and two-digit tokens only
     assert number_tokens("42.07 and 642") == [enc.encode(n)[0] for n in ("42", "07", "642")]
-    rarest = rarest_token_counts(train, make_samples(424242, 300))
-    assert rarest and min(rarest) >= 1 and float(np.median(rarest)) >= 5  # seen, most of them often
+    train, held_out = make_samples(1, 3000), make_samples(424242, 300)
+    counts = salient_number_counts(train)
+    numeric = [s for s in held_out if s.kind == "after_tool" and number_tokens(s.salient or "")]
+    rarest = rarest_token_counts(train, held_out)
+    assert len(rarest) == len(numeric) > 0
+    for sample, count in zip(numeric, rarest, strict=True):
+        assert count == min(counts[t] for t in number_tokens(sample.salient or ""))
+    # The shipped corpus writes prices and rates with three-digit tokens: some held-out ones never occur.
+    assert any(len(enc.decode([t])) == 3 for t in counts) and min(rarest) == 0
 
 
 @needs_torch

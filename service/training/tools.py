@@ -66,26 +66,16 @@ def _time(rng: np.random.Generator, v: str) -> Output:
     return {"city": v, "time": f"{int(rng.integers(0, 24)):02d}:{int(rng.integers(0, 60)):02d}"}
 
 
-# Numbers in tool outputs are written with one- and two-digit tokens only (0-99, and 00-09 after a
-# decimal point): o200k splits digits in groups of three, and each three-digit token (e.g. "642")
-# occurred about once in the corpus as a tool value, too rarely for the model to learn to copy it.
-# The hundred-odd one- and two-digit tokens each occur hundreds of times (service/training/stats.py).
-
-
-def _small(rng: np.random.Generator, low: int = 1) -> int:
-    return int(rng.integers(low, 100))
-
-
 def _stock(rng: np.random.Generator, v: str) -> Output:
-    return {"symbol": v, "price": f"{_small(rng)}.{_small(rng, 0):02d}"}
+    return {"symbol": v, "price": f"{rng.integers(5, 900)}.{rng.integers(0, 100):02d}"}
 
 
 def _rate(rng: np.random.Generator, v: str) -> Output:
-    return {"currency": v, "rate": f"{rng.integers(0, 3)}.{_small(rng, 0):02d}"}
+    return {"currency": v, "rate": f"{rng.integers(0, 3)}.{rng.integers(0, 1000):03d}"}
 
 
 def _population(rng: np.random.Generator, v: str) -> Output:
-    return {"country": v, "population": f"{_small(rng)} million"}
+    return {"country": v, "population": f"{int(rng.integers(1, 300))} million"}
 
 
 def _define(rng: np.random.Generator, v: str) -> Output:
