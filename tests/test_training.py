@@ -20,6 +20,7 @@ from service.engine.sampling import bitmask_to_bool
 from service.prompting.base import ItemStarted
 from service.training.config import TrainConfig
 from service.training.corpus import Renderer, make_samples
+from service.training.stats import number_tokens, rarest_token_counts, salient_number_counts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(
@@ -59,10 +60,82 @@ def test_completions_are_what_the_server_constrains_and_parses() -> None:
             assert kinds == ["reasoning", "message"]
 
 
+def test_the_copy_mask_marks_exactly_the_tool_value_tokens() -> None:
+    renderer = Renderer()
+    decode = renderer.fmt.encoding.decode
+    after_tool = [s for s in make_samples(11, 200) if s.kind == "after_tool"]
+    assert {s.salient.isdigit() for s in after_tool if s.salient} == {True, False}  # numbers and words
+    for sample in make_samples(11, 200):
+        ids, marks = renderer.marked_completion(sample.completion, sample.salient)
+        assert ids == renderer.completion(sample.completion)
+        if sample.kind != "after_tool":
+            assert not any(marks)
+            continue
+        value = sample.salient or ""
+        # Each marked run of tokens decodes to the value (a leading space aside), once in the analysis and
+        # at least once in the final answer, and no other token is marked.
+        runs: list[list[int]] = []
+        run: list[int] = []
+        for tid, marked in zip(ids, marks, strict=True):
+            if marked:
+                run.append(tid)
+            elif run:
+                runs, run = [*runs, run], []
+        assert len(runs) >= 2 and [decode(r).strip() for r in runs] == [value] * len(runs)
+        final = len(renderer.text(sample.completion[-1].text))
+        final_start = ids.index(renderer.ret) - final  # the final message's text ends just before <|return|>
+        assert sum(marks) == sum(len(r) for r in runs)
+        assert any(marks[:final_start]) and any(marks[final_start:])  # in the analysis and in the answer
+    # Text that is not ASCII takes the prefix-decoding path.
+    text = "Zürich is 12 degrees in Zürich."
+    body = renderer.text(text)
+    pieces = [decode([t]) for t, m in zip(body, renderer.value_marks(text, body, "Zürich"), strict=True) if m]
+    assert "".join(pieces).split() == ["Zürich", "Zürich"]
+
+
+@needs_torch
+def test_the_copy_weight_scales_only_the_value_tokens_loss() -> None:
+    import torch
+
+    from service.training.train import _loss, _tensors, build_corpus
+
+    corpus = build_corpus(11, 40)
+    batch = [i for i, c in enumerate(corpus.copied) if c.any()][:3]
+    assert batch
+    cfg = replace(TINY, copy_weight=8.0)
+    ids, labels, weights = _tensors(corpus, batch, cfg, np.random.default_rng(0))
+    assert int((weights == 8.0).sum()) == sum(int(corpus.copied[i].sum()) for i in batch)
+    assert bool((labels[weights == 8.0] != -100).all())
+    logits = torch.randn(*ids.shape, len(corpus.vocab_ids) + 1)
+    weighted, plain = _loss(logits, labels, weights, cfg)
+    unweighted, same = _loss(logits, labels, weights, replace(cfg, copy_weight=1.0))
+    assert plain == pytest.approx(same) == pytest.approx(unweighted.item())
+    per_token = torch.nn.functional.cross_entropy(
+        logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100, reduction="none"
+    )
+    count = int((labels != -100).sum())
+    expected = (per_token.sum() + 7.0 * per_token[weights.view(-1) == 8.0].sum()) / count
+    assert weighted.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
 def test_held_out_prompts_differ_from_training_prompts() -> None:
     train = {json.dumps(s.request.items) for s in make_samples(1, 300)}
     held_out = [json.dumps(s.request.items) for s in make_samples(424242, 300)]
     assert sum(h in train for h in held_out) < 30  # only short generic turns repeat
+
+
+def test_the_number_token_proxy_counts_tool_values_by_their_rarest_token() -> None:
+    enc = Renderer().fmt.encoding
+    assert number_tokens("42.07 and 642") == [enc.encode(n)[0] for n in ("42", "07", "642")]
+    train, held_out = make_samples(1, 3000), make_samples(424242, 300)
+    counts = salient_number_counts(train)
+    numeric = [s for s in held_out if s.kind == "after_tool" and number_tokens(s.salient or "")]
+    rarest = rarest_token_counts(train, held_out)
+    assert len(rarest) == len(numeric) > 0
+    for sample, count in zip(numeric, rarest, strict=True):
+        assert count == min(counts[t] for t in number_tokens(sample.salient or ""))
+    # The shipped corpus writes prices and rates with three-digit tokens: some held-out ones never occur.
+    assert any(len(enc.decode([t])) == 3 for t in counts) and min(rarest) == 0
 
 
 @needs_torch

@@ -8,7 +8,10 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-_OPTIONS = ("seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "intermediate_size", "threads")
+_OPTIONS = (
+    "seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "intermediate_size", "threads",
+    "copy_weight",
+)  # fmt: skip
 
 
 def add_train_builtin(subparsers: argparse._SubParsersAction) -> None:

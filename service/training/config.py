@@ -25,6 +25,10 @@ class TrainConfig:
     intermediate_size: int = 384
     unk_rate: float = 0.01  # prompt tokens replaced by UNK, so unseen user text is not out of distribution
     threads: int = 1
+    # Loss weight of the completion tokens that write a tool output's salient value (in the analysis
+    # and the final answer). 1.0 (off) trains every completion token alike: the shipped model's loss.
+    # 8.0 was tried once (README model card): tool value 44.6% vs 41.5%, tool decision 82.0% vs 87.3%.
+    copy_weight: float = 1.0
 
     def decoder(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(

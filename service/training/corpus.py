@@ -9,6 +9,7 @@ or `<|call|>` (a function call)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -298,16 +299,50 @@ class Renderer:
         return self.fmt.render(sample.request)
 
     def completion(self, steps: tuple[Step, ...]) -> list[int]:
+        return self.marked_completion(steps, None)[0]
+
+    def marked_completion(self, steps: tuple[Step, ...], value: str | None) -> tuple[list[int], list[bool]]:
+        """The completion's ids, and for each id whether it writes part of `value` (the tool output's
+        salient value, copied into the analysis and the final answer) in a message's text."""
         out: list[int] = []
+        marks: list[bool] = []
+
+        def add(ids: list[int], marked: list[bool] | None = None) -> None:
+            out.extend(ids)
+            marks.extend(marked if marked is not None else [False] * len(ids))
+
         for i, step in enumerate(steps):
             if i:
-                out += [self.start, *self.assistant]
+                add([self.start, *self.assistant])
+            body = self.text(step.text)
+            marked = self.value_marks(step.text, body, value) if value else None
             if step.channel == "call":
                 assert step.recipient is not None
                 header = self.text(f"commentary to=functions.{step.recipient}") + self.constrain
-                out += [self.channel, *header, self.message, *self.text(step.text), self.call]
+                add([self.channel, *header, self.message])
+                add(body, marked)
+                add([self.call])
             else:
                 last = i == len(steps) - 1
                 terminator = self.ret if last and step.channel == "final" else self.end
-                out += [self.channel, *self.text(step.channel), self.message, *self.text(step.text), terminator]
-        return out
+                add([self.channel, *self.text(step.channel), self.message])
+                add(body, marked)
+                add([terminator])
+        return out, marks
+
+    def value_marks(self, text: str, ids: list[int], value: str) -> list[bool]:
+        """Which of `text`'s ids (its encoding) overlap an occurrence of `value`. The text is encoded whole
+        (as the model writes it), so a value's first token may carry a leading space. Token ends: each
+        token's decoded length while the text is ASCII, else by decoding prefixes (a token may hold part
+        of a character; the encoding has no per-token byte lookup)."""
+        spans = [(m.start(), m.end()) for m in re.finditer(re.escape(value), text)]
+        if not spans:
+            return [False] * len(ids)
+        decode = self.fmt.encoding.decode
+        if text.isascii():
+            ends = np.cumsum([len(decode([tid])) for tid in ids]).tolist()
+        else:
+            ends = [len(decode(ids[: k + 1])) for k in range(len(ids))]
+        assert ends[-1] == len(text), "the text does not decode back to itself"
+        marks = [any(pos < b and a < end for a, b in spans) for pos, end in zip([0, *ends[:-1]], ends, strict=True)]
+        return marks

@@ -36,6 +36,7 @@ class TrainedModel:
 class Corpus:
     sequences: list[np.ndarray]  # compact ids
     completion_start: list[int]  # index of the first completion token in each sequence
+    copied: list[np.ndarray]  # bool per completion token: it writes the tool output's salient value
     vocab_ids: np.ndarray
     target_ids: np.ndarray
 
@@ -43,13 +44,17 @@ class Corpus:
 def build_corpus(seed: int, count: int, renderer: Renderer | None = None) -> Corpus:
     renderer = renderer or Renderer()
     rendered = []
+    copied = []
     for sample in make_samples(seed, count):
-        rendered.append((renderer.prompt(sample), renderer.completion(sample.completion)))
+        completion, marks = renderer.marked_completion(sample.completion, sample.salient)
+        rendered.append((renderer.prompt(sample), completion))
+        copied.append(np.array(marks, dtype=bool))
     vocab = sorted({t for p, c in rendered for t in p + c})
     targets = sorted({t for _, c in rendered for t in c})
     index = {tid: i + 1 for i, tid in enumerate(vocab)}
     seqs = [np.array([index[t] for t in p + c], dtype=np.int64) for p, c in rendered]
-    return Corpus(seqs, [len(p) for p, _ in rendered], np.array(vocab, np.int32), np.array(targets, np.int32))
+    starts = [len(p) for p, _ in rendered]
+    return Corpus(seqs, starts, copied, np.array(vocab, np.int32), np.array(targets, np.int32))
 
 
 def _batches(corpus: Corpus, cfg: TrainConfig, rng: np.random.Generator) -> list[list[int]]:
@@ -65,10 +70,12 @@ def _batches(corpus: Corpus, cfg: TrainConfig, rng: np.random.Generator) -> list
 
 def _tensors(
     corpus: Corpus, batch: list[int], cfg: TrainConfig, rng: np.random.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, labels (-100: not trained) and each label's loss weight."""
     n = max(len(corpus.sequences[i]) for i in batch)
     ids = np.zeros((len(batch), n), dtype=np.int64)
     labels = np.full((len(batch), n), -100, dtype=np.int64)
+    weights = np.ones((len(batch), n), dtype=np.float32)
     for row, i in enumerate(batch):
         seq, start = corpus.sequences[i], corpus.completion_start[i]
         inp = seq.copy()
@@ -77,7 +84,24 @@ def _tensors(
         inp[:start][drop] = UNK
         ids[row, : len(seq)] = inp
         labels[row, start - 1 : len(seq) - 1] = seq[start:]  # predict each completion token
-    return torch.from_numpy(ids), torch.from_numpy(labels)
+        weights[row, start - 1 : len(seq) - 1][corpus.copied[i]] = cfg.copy_weight
+    return torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(weights)
+
+
+def _loss(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, cfg: TrainConfig
+) -> tuple[torch.Tensor, float]:
+    """(the loss to minimise, the plain mean loss over completion tokens, for the progress bar and metrics).
+
+    With a copy weight, each token's loss is scaled by its weight and the sum divided by the number of
+    completion tokens (not by the weights' sum): the other tokens train exactly as without weights."""
+    flat = logits.view(-1, logits.size(-1))
+    if cfg.copy_weight == 1.0:  # the unweighted loss, computed exactly as for the shipped model
+        loss = F.cross_entropy(flat, labels.view(-1), ignore_index=-100)
+        return loss, loss.item()
+    per_token = F.cross_entropy(flat, labels.view(-1), ignore_index=-100, reduction="none")
+    count = (labels != -100).sum()
+    return (per_token * weights.view(-1)).sum() / count, (per_token.sum() / count).item()
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
@@ -119,16 +143,15 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     for step in bar:
         if not batches:
             batches = _batches(corpus, cfg, rng)
-        ids, labels = _tensors(corpus, batches.pop(), cfg, rng)
+        ids, labels, weights = _tensors(corpus, batches.pop(), cfg, rng)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
         logits = model(ids) + bias
-        loss = F.cross_entropy(logits.view(-1, vocab_size), labels.view(-1), ignore_index=-100)
+        loss, value = _loss(logits, labels, weights, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        value = loss.item()
         losses.append(value)
         tokens += int((labels != -100).sum())
         smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
