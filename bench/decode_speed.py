@@ -1,8 +1,11 @@
 """Prefill and decode speed on random-weight models: Qwen2.5-0.5B's shape, and the built-in model.
 
     .venv/bin/python -m bench.decode_speed [--work-dir DIR] [--threads 2] [--prompt 128] [--new 128]
-        [--parts batch1,sweep] [--batches 1,2,4,8] [--sweep-new 32] [--rounds 3] [--genai-python PY] [--standard]
+        [--parts batch1,sweep,bandwidth] [--batches 1,2,4,8,16] [--sweep-new 32] [--no-looped] [--rounds 3]
+        [--vocab harmony|native] [--genai-python PY] [--standard]
 
+The Qwen shape is on the Harmony vocabulary (201,088 ids, what `model build-random --shape qwen2.5-0.5b`
+writes and benchmarks serve) unless --vocab native (Qwen2.5's own 151,936).
 Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over --new tokens):
   * OnnxEngine on the service's own int8 graph (contrib ops: GroupQueryAttention, MatMulNBits int8);
   * onnxruntime-genai's generator on that same model.onnx (through a genai_config.json);
@@ -11,6 +14,8 @@ Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over -
 Part 2, the batch sweep: aggregate decode tok/s (batch x tokens / time) with B sequences active,
   OnnxEngine stepping them in one run per token ("batched") vs one run per sequence ("looped",
   what step() did before batching), on the Qwen-shape model and on the built-in model.
+Part 3, bandwidth: bytes of weights one decoded token reads (every initializer once, one row of the
+  embedding table) against a numpy copy's bandwidth: the batch-1 decode ceiling, and part 1's share of it.
 All rows run interleaved, --rounds times, best of each reported: the 2-core machine is shared.
 
 onnxruntime-genai's model builder needs torch, which is not a dependency of the service. It runs in a
@@ -38,26 +43,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
-from service.engine.cli import SHAPES
+from service.engine.cli import shape_config
 from service.engine.config import DecoderConfig
 from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_files import find_model_file
 from service.engine.onnx_engine import OnnxEngine
 from service.engine.weights import random_weights
 
-CONFIG = SHAPES["qwen2.5-0.5b"]
 SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
 
 Result = tuple[float, float] | str  # (prefill tok/s, decode tok/s), or why it did not run
 
 
-def ensure_model(path: Path, graph: str) -> Path:
+def ensure_model(path: Path, graph: str, config: DecoderConfig) -> Path:
     if not (path / "config.json").exists():
         started = time.monotonic()
-        build_random_decoder(path, CONFIG, SEED, quantize=True, graph=graph, extra={"model_id": f"bench-{graph}"})
+        build_random_decoder(path, config, SEED, quantize=True, graph=graph, extra={"model_id": f"bench-{graph}"})
         print(f"built {path} in {time.monotonic() - started:.0f}s", flush=True)
     return path
 
@@ -132,12 +138,12 @@ def find_genai_python(arg: str | None) -> str | None:
         return None
 
 
-def ensure_genai_model(work_dir: Path, python: str) -> Path:
-    out = work_dir / "genai-int8"
+def ensure_genai_model(work_dir: Path, python: str, config: DecoderConfig, vocab: str) -> Path:
+    out = work_dir / f"{vocab}-genai-int8"
     if (out / "genai_config.json").exists():
         return out
-    hf = write_hf_checkpoint(work_dir / "hf-qwen2", CONFIG, SEED)
-    tmp = work_dir / "genai-int8.tmp"
+    hf = write_hf_checkpoint(work_dir / f"{vocab}-hf-qwen2", config, SEED)
+    tmp = work_dir / f"{vocab}-genai-int8.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [python, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf), "-o", str(tmp)]
     cmd += ["-p", "int8", "-e", "cpu", "-c", str(work_dir / "genai-cache")]
@@ -223,9 +229,8 @@ def time_genai(model_dir: Path, prompt: list[int], new: int) -> Result:
         return f"onnxruntime-genai failed: {exc}"
 
 
-def bench_genai_on_ours(model_dir: Path, threads: int, prompt: list[int], new: int) -> Result:
+def bench_genai_on_ours(model_dir: Path, c: DecoderConfig, threads: int, prompt: list[int], new: int) -> Result:
     """onnxruntime-genai's runtime on the service's own model.onnx, through a genai_config.json."""
-    c = CONFIG
     cfg = {
         "model": {
             "type": "llama",
@@ -291,49 +296,60 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is reported")
-    ap.add_argument("--batches", default="1,2,4,8", help="batch sweep sizes ('' to skip the sweep)")
+    ap.add_argument("--batches", default="1,2,4,8,16", help="batch sweep sizes ('' to skip the sweep)")
     ap.add_argument("--sweep-new", type=int, default=32, help="decoded tokens per sequence in the sweep")
+    ap.add_argument("--no-looped", action="store_true", help="sweep: skip the one-run-per-sequence rows")
+    ap.add_argument("--vocab", choices=("harmony", "native"), default="harmony", help="Qwen shape's vocabulary")
     ap.add_argument("--genai-python", default=None, help="python with torch + onnxruntime-genai (the builder)")
     ap.add_argument("--no-genai-build", action="store_true", help="skip the genai-built model")
-    ap.add_argument("--parts", default="batch1,sweep", help="which tables: batch1 (incl. genai), sweep")
+    ap.add_argument("--parts", default="batch1,sweep,bandwidth", help="tables: batch1 (incl. genai), sweep, bandwidth")
     ap.add_argument("--standard", action="store_true", help="also the standard-op graph (quantize_dynamic)")
     args = ap.parse_args()
-    prompt = [int(t) for t in np.random.default_rng(1).integers(0, CONFIG.vocab_size, args.prompt)]
-    contrib = ensure_model(args.work_dir / "contrib-int8", "contrib")
+    config = shape_config("qwen2.5-0.5b", args.vocab)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, config.vocab_size, args.prompt)]
+    contrib = ensure_model(args.work_dir / f"{args.vocab}-contrib-int8", "contrib", config)
     parts = set(args.parts.split(","))
+    decode: Result = "not measured"
     if "batch1" in parts:
-        batch_one(args, contrib, prompt)
+        decode = batch_one(args, config, contrib, prompt)["OnnxEngine, service int8 graph"]
     if "sweep" in parts:
         batch_sweep(args, contrib)
+    if "bandwidth" in parts:
+        bandwidth_share(args, contrib, decode)
 
 
-def batch_one(args: argparse.Namespace, contrib: Path, prompt: list[int]) -> None:
+def batch_one(args: argparse.Namespace, config: DecoderConfig, contrib: Path, prompt: list[int]) -> dict[str, Result]:
     runs: dict[str, Callable[[], Result]] = {
         "OnnxEngine, service int8 graph": lambda: bench_engine(contrib, args.threads, prompt, args.new),
-        "genai runtime, service int8 graph": lambda: bench_genai_on_ours(contrib, args.threads, prompt, args.new),
+        "genai runtime, service int8 graph": lambda: bench_genai_on_ours(
+            contrib, config, args.threads, prompt, args.new
+        ),
     }
     genai_python = None if args.no_genai_build else find_genai_python(args.genai_python)
     if genai_python:
-        gdir = ensure_genai_model(args.work_dir, genai_python)
+        gdir = ensure_genai_model(args.work_dir, genai_python, config, args.vocab)
         _set_genai_threads(gdir, args.threads)
         runs["genai runtime, genai-built int8 graph"] = lambda: time_genai(gdir, prompt, args.new)
         runs["OnnxEngine, genai-built int8 graph"] = lambda: bench_engine(gdir, args.threads, prompt, args.new)
     else:
         print("genai-built model skipped: no python with torch (see --genai-python)")
     if args.standard:
-        std = ensure_model(args.work_dir / "standard-int8", "standard")
+        std = ensure_model(args.work_dir / f"{args.vocab}-standard-int8", "standard", config)
         runs["OnnxEngine, standard graph (quantize_dynamic)"] = lambda: bench_engine(
             std, args.threads, prompt, args.new
         )
     best = best_of(args.rounds, runs)
-    print(f"\nQwen2.5-0.5B shape, batch 1, {args.prompt}-token prompt, {args.new} decoded, {args.threads} threads,")
-    print(f"best of {args.rounds} interleaved rounds (tok/s)")
+    print(
+        f"\nQwen2.5-0.5B shape ({config.vocab_size:,} vocab), batch 1, {args.prompt}-token prompt, {args.new} decoded,"
+    )
+    print(f"{args.threads} threads, best of {args.rounds} interleaved rounds (tok/s)")
     print(f"  {'':40s} {'prefill':>9s} {'decode':>8s}")
     for name, result in best.items():
         if isinstance(result, str):
             print(f"  {name:40s} {result}")
         else:
             print(f"  {name:40s} {result[0]:9.1f} {result[1]:8.1f}")
+    return best
 
 
 def batch_sweep(args: argparse.Namespace, contrib: Path) -> None:
@@ -346,7 +362,7 @@ def batch_sweep(args: argparse.Namespace, contrib: Path) -> None:
     for _ in range(args.rounds):
         for name, eng in engines.items():
             for b in batches:
-                for batched in (True, False) if b > 1 else (True,):
+                for batched in (True, False) if b > 1 and not args.no_looped else (True,):
                     tps = bench_engine_batch(eng, b, batched, args.prompt, args.sweep_new)
                     sweep[name, b, batched] = max(sweep.get((name, b, batched), 0.0), tps)
     print(f"\nAggregate decode tok/s, B sequences of a {args.prompt}-token prompt, {args.sweep_new} decoded each,")
@@ -357,6 +373,49 @@ def batch_sweep(args: argparse.Namespace, contrib: Path) -> None:
             bat = sweep[name, b, True]
             loop = sweep.get((name, b, False), bat)
             print(f"  {name:20s} {b:3d} {bat:9.1f} {loop:9.1f} {bat / loop:7.2f}x")
+
+
+def copy_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
+    """Bytes per second moved by a numpy copy of a `gib` GiB array (read + write), best of `rounds`."""
+    src = np.ones(int(gib * (1 << 30)) // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, 2 * src.nbytes / (time.perf_counter() - started))
+    return best
+
+
+def weight_bytes_per_token(model_dir: Path) -> tuple[int, int]:
+    """(bytes of initializers one decode token reads, all initializer bytes): every weight once, except
+    Gather tables (the embedding), of which one row per token is read."""
+    model = onnx.load(str(find_model_file(model_dir)), load_external_data=False)
+    sizes = {t.name: _tensor_bytes(t) for t in model.graph.initializer}
+    gathered = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in sizes}
+    per_token = 0
+    for t in model.graph.initializer:
+        if t.name in gathered:
+            per_token += sizes[t.name] // max(1, t.dims[0])
+        else:
+            per_token += sizes[t.name]
+    return per_token, sum(sizes.values())
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    count = int(np.prod(t.dims)) if t.dims else 1
+    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def bandwidth_share(args: argparse.Namespace, contrib: Path, decode: Result) -> None:
+    """How close batch-1 decode is to the memory-bandwidth limit (weight bytes per token / copy bandwidth)."""
+    per_token, total = weight_bytes_per_token(contrib)
+    bw = copy_bandwidth()
+    limit = bw / per_token
+    print(f"\nWeights read per decoded token: {per_token / 1e6:.1f} MB (all initializers {total / 1e6:.1f} MB)")
+    print(f"numpy copy of 1 GiB, best of 5: {bw / 1e9:.1f} GB/s (read + write) -> at most {limit:.1f} tok/s at batch 1")
+    if not isinstance(decode, str):
+        print(f"batch-1 decode {decode[1]:.1f} tok/s = {decode[1] / limit:.0%} of that limit")
 
 
 if __name__ == "__main__":
