@@ -14,6 +14,7 @@ Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over -
 Part 2, the batch sweep: aggregate decode tok/s (batch x tokens / time) with B sequences active,
   OnnxEngine stepping them in one run per token ("batched") vs one run per sequence ("looped",
   what step() did before batching), on the Qwen-shape model and on the built-in model.
+Part 4 (--parts sampling): CPU ms that sampling a batch of logits rows costs per step, by parameters.
 Part 3, bandwidth: bytes of weights one decoded token reads (every initializer once, one row of the
   embedding table) against a numpy copy's bandwidth: the batch-1 decode ceiling, and part 1's share of it.
 All rows run interleaved, --rounds times, best of each reported: the 2-core machine is shared.
@@ -52,6 +53,7 @@ from service.engine.config import DecoderConfig
 from service.engine.model_dir import ensure_builtin_model
 from service.engine.model_files import find_model_file
 from service.engine.onnx_engine import OnnxEngine
+from service.engine.sampling import sample
 from service.engine.weights import random_weights
 
 SEED = 0
@@ -319,6 +321,8 @@ def main() -> None:
         batch_sweep(args, contrib)
     if "bandwidth" in parts:
         bandwidth_share(args, contrib, decode)
+    if "sampling" in parts:
+        sampling_cost(config.vocab_size, max(int(b) for b in args.batches.split(",") if b.strip()))
 
 
 def batch_one(args: argparse.Namespace, config: DecoderConfig, contrib: Path, prompt: list[int]) -> dict[str, Result]:
@@ -429,6 +433,26 @@ def bandwidth_share(args: argparse.Namespace, contrib: Path, decode: Result) -> 
         by_cpu = 1e3 / decode[2] * args.threads  # tok/s if the process had its threads' cores to itself
         print(f"batch-1 decode {decode[1]:.1f} tok/s = {decode[1] / limit:.0%} of that limit; by CPU time")
         print(f"({decode[2]:.1f} ms/token over {args.threads} thread(s)) {by_cpu:.1f} tok/s = {by_cpu / limit:.0%}")
+
+
+def sampling_cost(vocab: int, batch: int, steps: int = 10) -> None:
+    """CPU ms that sampling `batch` rows of `vocab` logits takes per step, by sampling parameters."""
+    logits = (np.random.default_rng(0).standard_normal((batch, 1, vocab)) * 3).astype(np.float32)
+    peaked = logits * np.float32(4)  # a confident model: the nucleus is a few tokens
+    mixes = {
+        "greedy": (logits, SamplingParams(1, temperature=0.0)),
+        "temperature 1": (logits, SamplingParams(1, temperature=1.0)),
+        "temperature 0.7, top_p 0.9 (flat)": (logits, SamplingParams(1, temperature=0.7, top_p=0.9)),
+        "temperature 0.7, top_p 0.9 (peaked)": (peaked, SamplingParams(1, temperature=0.7, top_p=0.9)),
+        "temperature 1, top_logprobs 5": (logits, SamplingParams(1, temperature=1.0, top_logprobs=5)),
+    }
+    print(f"\nSampling {batch} rows of {vocab:,} logits, CPU ms per step (mean of {steps})")
+    for name, (rows, params) in mixes.items():
+        started = time.process_time()
+        for index in range(steps):
+            for b in range(batch):
+                sample(rows[b, -1], params, index)
+        print(f"  {name:40s} {1e3 * (time.process_time() - started) / steps:6.1f}")
 
 
 if __name__ == "__main__":
