@@ -1,8 +1,11 @@
 """Prefill and decode speed on random-weight models: Qwen2.5-0.5B's shape, and the built-in model.
 
     .venv/bin/python -m bench.decode_speed [--work-dir DIR] [--threads 2] [--prompt 128] [--new 128]
-        [--parts batch1,sweep] [--batches 1,2,4,8] [--sweep-new 32] [--rounds 3] [--genai-python PY] [--standard]
+        [--parts batch1,sweep,bandwidth] [--batches 1,2,4,8,16] [--sweep-new 32] [--no-looped] [--rounds 3]
+        [--vocab harmony|native] [--genai-python PY] [--standard]
 
+The Qwen shape is on the Harmony vocabulary (201,088 ids, what `model build-random --shape qwen2.5-0.5b`
+writes and benchmarks serve) unless --vocab native (Qwen2.5's own 151,936).
 Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over --new tokens):
   * OnnxEngine on the service's own int8 graph (contrib ops: GroupQueryAttention, MatMulNBits int8);
   * onnxruntime-genai's generator on that same model.onnx (through a genai_config.json);
@@ -11,6 +14,9 @@ Part 1, batch 1 (prefill tok/s over a --prompt-token prompt, decode tok/s over -
 Part 2, the batch sweep: aggregate decode tok/s (batch x tokens / time) with B sequences active,
   OnnxEngine stepping them in one run per token ("batched") vs one run per sequence ("looped",
   what step() did before batching), on the Qwen-shape model and on the built-in model.
+Part 4 (--parts sampling): CPU ms that sampling a batch of logits rows costs per step, by parameters.
+Part 3, bandwidth: bytes of weights one decoded token reads (every initializer once, one row of the
+  embedding table) against a numpy copy's bandwidth: the batch-1 decode ceiling, and part 1's share of it.
 All rows run interleaved, --rounds times, best of each reported: the 2-core machine is shared.
 
 onnxruntime-genai's model builder needs torch, which is not a dependency of the service. It runs in a
@@ -38,26 +44,31 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
-from service.engine.cli import SHAPES
+from service.engine.cli import shape_config
 from service.engine.config import DecoderConfig
 from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_files import find_model_file
 from service.engine.onnx_engine import OnnxEngine
+from service.engine.sampling import sample
 from service.engine.weights import random_weights
 
-CONFIG = SHAPES["qwen2.5-0.5b"]
 SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
 
-Result = tuple[float, float] | str  # (prefill tok/s, decode tok/s), or why it did not run
+# (prefill tok/s, decode tok/s, decode CPU ms per token), or why it did not run. CPU time (all of this
+# process's threads) is what to compare on a machine other jobs share: wall time there measures the others.
+# With more than one intra-op thread it includes ONNX Runtime's spinning; --threads 1 has none.
+Result = tuple[float, float, float] | str
 
 
-def ensure_model(path: Path, graph: str) -> Path:
+def ensure_model(path: Path, graph: str, config: DecoderConfig) -> Path:
     if not (path / "config.json").exists():
         started = time.monotonic()
-        build_random_decoder(path, CONFIG, SEED, quantize=True, graph=graph, extra={"model_id": f"bench-{graph}"})
+        build_random_decoder(path, config, SEED, quantize=True, graph=graph, extra={"model_id": f"bench-{graph}"})
         print(f"built {path} in {time.monotonic() - started:.0f}s", flush=True)
     return path
 
@@ -132,12 +143,12 @@ def find_genai_python(arg: str | None) -> str | None:
         return None
 
 
-def ensure_genai_model(work_dir: Path, python: str) -> Path:
-    out = work_dir / "genai-int8"
+def ensure_genai_model(work_dir: Path, python: str, config: DecoderConfig, vocab: str) -> Path:
+    out = work_dir / f"{vocab}-genai-int8"
     if (out / "genai_config.json").exists():
         return out
-    hf = write_hf_checkpoint(work_dir / "hf-qwen2", CONFIG, SEED)
-    tmp = work_dir / "genai-int8.tmp"
+    hf = write_hf_checkpoint(work_dir / f"{vocab}-hf-qwen2", config, SEED)
+    tmp = work_dir / f"{vocab}-genai-int8.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [python, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf), "-o", str(tmp)]
     cmd += ["-p", "int8", "-e", "cpu", "-c", str(work_dir / "genai-cache")]
@@ -165,29 +176,29 @@ def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> 
     started = time.perf_counter()
     eng.add_sequence("s", prompt, params)
     prefill = time.perf_counter() - started
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(new):  # each step samples one token and runs it through the model
         eng.step()
-    decode = time.perf_counter() - started
+    decode, cpu = time.perf_counter() - started, time.process_time() - cpu
     eng.remove_sequence("s")
-    return len(prompt) / prefill, new / decode
+    return len(prompt) / prefill, new / decode, 1e3 * cpu / new
 
 
-def bench_engine_batch(engine: OnnxEngine, batch: int, batched: bool, prompt_len: int, new: int) -> float:
-    """Aggregate decode tok/s with `batch` sequences active (prefill not timed)."""
+def bench_engine_batch(engine: OnnxEngine, batch: int, batched: bool, prompt_len: int, new: int) -> tuple[float, float]:
+    """(aggregate decode tok/s, CPU ms per token) with `batch` sequences active (prefill not timed)."""
     rng = np.random.default_rng(batch)
     params = SamplingParams(max_new_tokens=new + 2, temperature=0.0)
     engine.max_batch = batch if batched else 1
     for b in range(batch):
         engine.add_sequence(f"s{b}", [int(t) for t in rng.integers(0, engine.config.vocab_size, prompt_len)], params)
     engine.step()  # warm: first run at this batch size
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(new):
         engine.step()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     for b in range(batch):
         engine.remove_sequence(f"s{b}")
-    return batch * new / elapsed
+    return batch * new / elapsed, 1e3 * cpu / (batch * new)
 
 
 def _set_genai_threads(model_dir: Path, threads: int) -> None:
@@ -213,19 +224,18 @@ def time_genai(model_dir: Path, prompt: list[int], new: int) -> Result:
             started = time.perf_counter()
             gen.append_tokens(np.array(prompt[:8] if warm else prompt, dtype=np.int32))
             prefill = time.perf_counter() - started
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             for _ in range(2 if warm else new):
                 gen.generate_next_token()
-            decode = time.perf_counter() - started
+            decode, cpu = time.perf_counter() - started, time.process_time() - cpu
             del gen
-        return len(prompt) / prefill, new / decode
+        return len(prompt) / prefill, new / decode, 1e3 * cpu / new
     except Exception as exc:  # report, do not fail the whole bench
         return f"onnxruntime-genai failed: {exc}"
 
 
-def bench_genai_on_ours(model_dir: Path, threads: int, prompt: list[int], new: int) -> Result:
+def bench_genai_on_ours(model_dir: Path, c: DecoderConfig, threads: int, prompt: list[int], new: int) -> Result:
     """onnxruntime-genai's runtime on the service's own model.onnx, through a genai_config.json."""
-    c = CONFIG
     cfg = {
         "model": {
             "type": "llama",
@@ -280,7 +290,7 @@ def best_of(rounds: int, runs: dict[str, Callable[[], Result]]) -> dict[str, Res
             if prev is None or isinstance(result, str):
                 best[name] = result
             elif not isinstance(prev, str):
-                best[name] = (max(prev[0], result[0]), max(prev[1], result[1]))
+                best[name] = (max(prev[0], result[0]), max(prev[1], result[1]), min(prev[2], result[2]))
     return best
 
 
@@ -291,49 +301,62 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best of each is reported")
-    ap.add_argument("--batches", default="1,2,4,8", help="batch sweep sizes ('' to skip the sweep)")
+    ap.add_argument("--batches", default="1,2,4,8,16", help="batch sweep sizes ('' to skip the sweep)")
     ap.add_argument("--sweep-new", type=int, default=32, help="decoded tokens per sequence in the sweep")
+    ap.add_argument("--no-looped", action="store_true", help="sweep: skip the one-run-per-sequence rows")
+    ap.add_argument("--vocab", choices=("harmony", "native"), default="harmony", help="Qwen shape's vocabulary")
     ap.add_argument("--genai-python", default=None, help="python with torch + onnxruntime-genai (the builder)")
     ap.add_argument("--no-genai-build", action="store_true", help="skip the genai-built model")
-    ap.add_argument("--parts", default="batch1,sweep", help="which tables: batch1 (incl. genai), sweep")
+    ap.add_argument("--parts", default="batch1,sweep,bandwidth", help="tables: batch1 (incl. genai), sweep, bandwidth")
     ap.add_argument("--standard", action="store_true", help="also the standard-op graph (quantize_dynamic)")
     args = ap.parse_args()
-    prompt = [int(t) for t in np.random.default_rng(1).integers(0, CONFIG.vocab_size, args.prompt)]
-    contrib = ensure_model(args.work_dir / "contrib-int8", "contrib")
+    config = shape_config("qwen2.5-0.5b", args.vocab)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, config.vocab_size, args.prompt)]
+    contrib = ensure_model(args.work_dir / f"{args.vocab}-contrib-int8", "contrib", config)
     parts = set(args.parts.split(","))
+    decode: Result = "not measured"
     if "batch1" in parts:
-        batch_one(args, contrib, prompt)
+        decode = batch_one(args, config, contrib, prompt)["OnnxEngine, service int8 graph"]
     if "sweep" in parts:
         batch_sweep(args, contrib)
+    if "bandwidth" in parts:
+        bandwidth_share(args, contrib, decode)
+    if "sampling" in parts:
+        sampling_cost(config.vocab_size, max(int(b) for b in args.batches.split(",") if b.strip()))
 
 
-def batch_one(args: argparse.Namespace, contrib: Path, prompt: list[int]) -> None:
+def batch_one(args: argparse.Namespace, config: DecoderConfig, contrib: Path, prompt: list[int]) -> dict[str, Result]:
     runs: dict[str, Callable[[], Result]] = {
         "OnnxEngine, service int8 graph": lambda: bench_engine(contrib, args.threads, prompt, args.new),
-        "genai runtime, service int8 graph": lambda: bench_genai_on_ours(contrib, args.threads, prompt, args.new),
+        "genai runtime, service int8 graph": lambda: bench_genai_on_ours(
+            contrib, config, args.threads, prompt, args.new
+        ),
     }
     genai_python = None if args.no_genai_build else find_genai_python(args.genai_python)
     if genai_python:
-        gdir = ensure_genai_model(args.work_dir, genai_python)
+        gdir = ensure_genai_model(args.work_dir, genai_python, config, args.vocab)
         _set_genai_threads(gdir, args.threads)
         runs["genai runtime, genai-built int8 graph"] = lambda: time_genai(gdir, prompt, args.new)
         runs["OnnxEngine, genai-built int8 graph"] = lambda: bench_engine(gdir, args.threads, prompt, args.new)
     else:
         print("genai-built model skipped: no python with torch (see --genai-python)")
     if args.standard:
-        std = ensure_model(args.work_dir / "standard-int8", "standard")
+        std = ensure_model(args.work_dir / f"{args.vocab}-standard-int8", "standard", config)
         runs["OnnxEngine, standard graph (quantize_dynamic)"] = lambda: bench_engine(
             std, args.threads, prompt, args.new
         )
     best = best_of(args.rounds, runs)
-    print(f"\nQwen2.5-0.5B shape, batch 1, {args.prompt}-token prompt, {args.new} decoded, {args.threads} threads,")
-    print(f"best of {args.rounds} interleaved rounds (tok/s)")
-    print(f"  {'':40s} {'prefill':>9s} {'decode':>8s}")
+    print(
+        f"\nQwen2.5-0.5B shape ({config.vocab_size:,} vocab), batch 1, {args.prompt}-token prompt, {args.new} decoded,"
+    )
+    print(f"{args.threads} threads, best of {args.rounds} interleaved rounds (tok/s)")
+    print(f"  {'':40s} {'prefill':>9s} {'decode':>8s} {'decode CPU ms/tok':>18s}")
     for name, result in best.items():
         if isinstance(result, str):
             print(f"  {name:40s} {result}")
         else:
-            print(f"  {name:40s} {result[0]:9.1f} {result[1]:8.1f}")
+            print(f"  {name:40s} {result[0]:9.1f} {result[1]:8.1f} {result[2]:18.1f}")
+    return best
 
 
 def batch_sweep(args: argparse.Namespace, contrib: Path) -> None:
@@ -342,21 +365,94 @@ def batch_sweep(args: argparse.Namespace, contrib: Path) -> None:
         "qwen2.5-0.5b shape": OnnxEngine(contrib, intra_op_threads=args.threads),
         "built-in": OnnxEngine(ensure_builtin_model(progress=False), intra_op_threads=args.threads),
     }
-    sweep: dict[tuple[str, int, bool], float] = {}
+    sweep: dict[tuple[str, int, bool], tuple[float, float]] = {}
     for _ in range(args.rounds):
         for name, eng in engines.items():
             for b in batches:
-                for batched in (True, False) if b > 1 else (True,):
-                    tps = bench_engine_batch(eng, b, batched, args.prompt, args.sweep_new)
-                    sweep[name, b, batched] = max(sweep.get((name, b, batched), 0.0), tps)
+                for batched in (True, False) if b > 1 and not args.no_looped else (True,):
+                    tps, cpu = bench_engine_batch(eng, b, batched, args.prompt, args.sweep_new)
+                    prev = sweep.get((name, b, batched), (0.0, float("inf")))
+                    sweep[name, b, batched] = (max(prev[0], tps), min(prev[1], cpu))
     print(f"\nAggregate decode tok/s, B sequences of a {args.prompt}-token prompt, {args.sweep_new} decoded each,")
-    print(f"{args.threads} threads, best of {args.rounds} interleaved rounds; batched = one run per step")
-    print(f"  {'model':20s} {'B':>3s} {'batched':>9s} {'looped':>9s} {'speedup':>8s}")
+    print(f"{args.threads} threads, best of {args.rounds} interleaved rounds; batched = one run per step, looped =")
+    print("one run per sequence; x B=1: batched tok/s over batch 1's, by wall time and by CPU time per token")
+    head = f"  {'model':20s} {'B':>3s} {'batched':>9s} {'looped':>9s} {'speedup':>8s} {'x B=1':>7s}"
+    print(head + f" {'CPU ms/tok':>11s} {'x B=1 CPU':>10s}")
     for name in engines:
+        one = sweep.get((name, 1, True))
         for b in batches:
-            bat = sweep[name, b, True]
-            loop = sweep.get((name, b, False), bat)
-            print(f"  {name:20s} {b:3d} {bat:9.1f} {loop:9.1f} {bat / loop:7.2f}x")
+            bat, cpu = sweep[name, b, True]
+            loop = sweep.get((name, b, False), (bat, cpu))[0]
+            wall_x = f"{bat / one[0]:6.2f}x" if one else "-"
+            cpu_x = f"{one[1] / cpu:9.2f}x" if one else "-"
+            print(
+                f"  {name:20s} {b:3d} {bat:9.1f} {loop:9.1f} {bat / loop:7.2f}x {wall_x:>7s} {cpu:11.2f} {cpu_x:>10s}"
+            )
+
+
+def copy_bandwidth(gib: float = 1.0, rounds: int = 5) -> float:
+    """Bytes per second moved by a numpy copy of a `gib` GiB array (read + write), best of `rounds`."""
+    src = np.ones(int(gib * (1 << 30)) // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, 2 * src.nbytes / (time.perf_counter() - started))
+    return best
+
+
+def weight_bytes_per_token(model_dir: Path) -> tuple[int, int]:
+    """(bytes of initializers one decode token reads, all initializer bytes): every weight once, except
+    Gather tables (the embedding), of which one row per token is read."""
+    model = onnx.load(str(find_model_file(model_dir)), load_external_data=False)
+    sizes = {t.name: _tensor_bytes(t) for t in model.graph.initializer}
+    gathered = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in sizes}
+    per_token = 0
+    for t in model.graph.initializer:
+        if t.name in gathered:
+            per_token += sizes[t.name] // max(1, t.dims[0])
+        else:
+            per_token += sizes[t.name]
+    return per_token, sum(sizes.values())
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    count = int(np.prod(t.dims)) if t.dims else 1
+    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def bandwidth_share(args: argparse.Namespace, contrib: Path, decode: Result) -> None:
+    """How close batch-1 decode is to the memory-bandwidth limit (weight bytes per token / copy bandwidth)."""
+    per_token, total = weight_bytes_per_token(contrib)
+    bw = copy_bandwidth()
+    limit = bw / per_token
+    print(f"\nWeights read per decoded token: {per_token / 1e6:.1f} MB (all initializers {total / 1e6:.1f} MB)")
+    print(f"numpy copy of 1 GiB, best of 5: {bw / 1e9:.1f} GB/s (read + write) -> at most {limit:.1f} tok/s at batch 1")
+    if not isinstance(decode, str):
+        by_cpu = 1e3 / decode[2] * args.threads  # tok/s if the process had its threads' cores to itself
+        print(f"batch-1 decode {decode[1]:.1f} tok/s = {decode[1] / limit:.0%} of that limit; by CPU time")
+        print(f"({decode[2]:.1f} ms/token over {args.threads} thread(s)) {by_cpu:.1f} tok/s = {by_cpu / limit:.0%}")
+
+
+def sampling_cost(vocab: int, batch: int, steps: int = 10) -> None:
+    """CPU ms that sampling `batch` rows of `vocab` logits takes per step, by sampling parameters."""
+    logits = (np.random.default_rng(0).standard_normal((batch, 1, vocab)) * 3).astype(np.float32)
+    peaked = logits * np.float32(4)  # a confident model: the nucleus is a few tokens
+    mixes = {
+        "greedy": (logits, SamplingParams(1, temperature=0.0)),
+        "temperature 1": (logits, SamplingParams(1, temperature=1.0)),
+        "temperature 0.7, top_p 0.9 (flat)": (logits, SamplingParams(1, temperature=0.7, top_p=0.9)),
+        "temperature 0.7, top_p 0.9 (peaked)": (peaked, SamplingParams(1, temperature=0.7, top_p=0.9)),
+        "temperature 1, top_logprobs 5": (logits, SamplingParams(1, temperature=1.0, top_logprobs=5)),
+    }
+    print(f"\nSampling {batch} rows of {vocab:,} logits, CPU ms per step (mean of {steps})")
+    for name, (rows, params) in mixes.items():
+        started = time.process_time()
+        for index in range(steps):
+            for b in range(batch):
+                sample(rows[b, -1], params, index)
+        print(f"  {name:40s} {1e3 * (time.process_time() - started) / steps:6.1f}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from service.engine.base import SamplingParams
 from service.engine.sampling import draw_uniform, sample
+from tests import reference_sampling
 
 V = 5000
 
@@ -94,3 +97,50 @@ def test_temperature_sharpens() -> None:
     cold = sum(sample(logits, _p(temperature=0.05, seed=1), i).token_id == best for i in range(200))
     hot = sum(sample(logits, _p(temperature=1.0, seed=1), i).token_id == best for i in range(200))
     assert cold > 150 and hot < 50
+
+
+# -- the fast path draws exactly what the code before it drew (tests/reference_sampling.py) -------------
+
+
+def _mixes() -> list[SamplingParams]:
+    mixes = []
+    for temperature in (0.0, 1.0, 0.7, 1.3):
+        for top_p in (1.0, 0.95, 0.5, 0.05):
+            for top_k in (0, 40):
+                mixes.append(_p(temperature=temperature, top_p=top_p, top_k=top_k, top_logprobs=2))
+    mixes.append(_p(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.3))
+    return mixes
+
+
+def _distributions(vocab: int) -> list[np.ndarray]:
+    """Flat, peaked and heavy-tailed logits, one with ties and -inf (a bias that rules tokens out)."""
+    rng = np.random.default_rng(vocab)
+    out = [(rng.standard_normal(vocab) * scale).astype(np.float32) for scale in (0.3, 2.0, 8.0)]
+    out.append((rng.standard_cauchy(vocab) * 0.5).astype(np.float32))
+    ties = np.round(rng.standard_normal(vocab) * 2).astype(np.float32)
+    ties[rng.integers(0, vocab, vocab // 10)] = -np.inf
+    out.append(ties)
+    return out
+
+
+def test_fast_path_draws_what_the_reference_drew() -> None:
+    counts = {3: 2, 17: 1, 101: 5}
+    for vocab in (V, 201_088, 1000):
+        for logits in _distributions(vocab):
+            for params in _mixes():
+                for index in range(3):
+                    seeded = dataclasses.replace(params, seed=7 * index + vocab)
+                    got = sample(logits, seeded, index, counts=counts)
+                    want = reference_sampling.sample(logits, seeded, index, counts=counts)
+                    assert got == want, (vocab, seeded, index)
+
+
+def test_fast_path_matches_reference_under_masks() -> None:
+    logits = _logits(4, 3.0)
+    rng = np.random.default_rng(4)
+    few = np.sort(rng.choice(V, 50, replace=False))
+    many = np.sort(rng.choice(V, V // 2, replace=False))
+    for allowed in (few, many):
+        for params in _mixes():
+            got = sample(logits, params, 5, allowed)
+            assert got == reference_sampling.sample(logits, params, 5, allowed)

@@ -79,10 +79,10 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path) -> dict[str, Any]:
         w = numpy_helper.to_array(b).T  # [K, N] -> [N, K]
         n, k = w.shape
         base = b.name.removesuffix(".weight_t")
-        qweight, scales, zp = quantize_blockwise_int8(w)
-        for suffix, array in (("qweight", qweight), ("scales", scales), ("zp", zp)):
+        qweight, scales = quantize_blockwise_int8(w)
+        for suffix, array in (("qweight", qweight), ("scales", scales)):
             graph.initializer.append(numpy_helper.from_array(array, f"{base}.{suffix}"))
-        ins = [node.input[0], f"{base}.qweight", f"{base}.scales", f"{base}.zp"]
+        ins = [node.input[0], f"{base}.qweight", f"{base}.scales"]
         attrs = {"K": k, "N": n, "bits": 8, "block_size": BLOCK_SIZE, "accuracy_level": 4}
         nodes.append(helper.make_node("MatMulNBits", ins, list(node.output), name=node.name, domain=MS, **attrs))
         uses[b.name] -= 1

@@ -17,8 +17,9 @@ import numpy as np
 
 from service.engine.base import AllowedTokens, SamplingParams, TokenBitmask, TokenOutput
 
-# For top-p, first try the nucleus among this many best tokens; fall back to sorting everything.
-_NUCLEUS_PREFETCH = 1024
+# For top-p, first look for the nucleus among the tokens with at least these fractions of the best
+# token's probability; fall back to sorting everything.
+_NUCLEUS_CUTOFFS = (1e-3, 1e-6)
 _BLOCK = 1024
 
 
@@ -46,9 +47,12 @@ def _mask_bias(allowed: np.ndarray, vocab: int) -> np.ndarray:
     return bias
 
 
-def _logsumexp(logits: np.ndarray) -> float:
+def _exp_shifted(logits: np.ndarray) -> tuple[float, np.ndarray]:
+    """(max, exp(logits - max)): the log-softmax's pass over the vocabulary, and at temperature 1 with
+    nothing masked or penalized also the draw's weights (the same float32 values)."""
     m = float(logits.max())
-    return m + float(np.log(np.exp(logits - np.float32(m)).sum(dtype=np.float64)))
+    e = logits - np.float32(m)
+    return m, np.exp(e, out=e)  # in place: one fresh vocabulary-sized array, not two
 
 
 def _top_n(values: np.ndarray, n: int) -> np.ndarray:
@@ -62,31 +66,41 @@ def _top_n(values: np.ndarray, n: int) -> np.ndarray:
 def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:
     """The probability of the token at which the best-first cumulative mass first reaches top_p.
 
-    Tokens with p >= this form the nucleus (ties at the edge all stay in)."""
+    Tokens with p >= this form the nucleus (ties at the edge all stay in). The answer is that of a
+    float64 running sum over all values sorted best first; the values >= a cutoff are a prefix of that
+    order, so when their mass already reaches top_p their (short) sort gives the same answer."""
     target = top_p * float(p.sum(dtype=np.float64))
-    ids = _top_n(p, _NUCLEUS_PREFETCH)
-    mass = np.cumsum(p[ids], dtype=np.float64)
-    if mass[-1] >= target or ids.shape[0] == p.shape[0]:
-        cut = min(int(np.searchsorted(mass, target, side="left")), ids.shape[0] - 1)
-        return float(p[ids[cut]])
-    # A flat distribution: sort the values (not indices), which is cheap even for a 200k vocabulary.
+    best = float(p.max())
+    for fraction in _NUCLEUS_CUTOFFS:
+        head = p[p >= np.float32(best * fraction)]
+        if head.shape[0] * 4 > p.shape[0]:
+            break  # a flat distribution: sort everything
+        desc = np.sort(head)[::-1]
+        mass = np.cumsum(desc, dtype=np.float64)
+        if mass[-1] >= target:
+            return float(desc[min(int(np.searchsorted(mass, target, side="left")), desc.shape[0] - 1)])
+    # Sort the values (not indices), which is cheap even for a 200k vocabulary.
     desc = np.sort(p)[::-1]
     cut = min(int(np.searchsorted(np.cumsum(desc, dtype=np.float64), target, side="left")), desc.shape[0] - 1)
     return float(desc[cut])
 
 
 def _inverse_cdf(p: np.ndarray, u: float) -> int:
-    """The first index whose cumulative weight exceeds u * total, via per-block sums (a float64
-    cumsum over the whole vocabulary costs milliseconds)."""
+    """The first index whose cumulative weight exceeds u * total, via per-block float64 sums (a float64
+    cumsum over the whole vocabulary costs milliseconds). Blocks are _BLOCK long, the last one zero-padded:
+    the sums are part of the draw, so their rounding must never change."""
     n = p.shape[0]
-    padded = np.zeros(-(-n // _BLOCK) * _BLOCK, dtype=np.float64)
-    padded[:n] = p
-    blocks = padded.reshape(-1, _BLOCK)
-    block_cdf = np.cumsum(blocks.sum(axis=1))
+    full = n - n % _BLOCK
+    sums = p[:full].reshape(-1, _BLOCK).sum(axis=1, dtype=np.float64)
+    if full < n:
+        tail = np.zeros(_BLOCK, dtype=np.float64)
+        tail[: n - full] = p[full:]
+        sums = np.append(sums, tail.sum())
+    block_cdf = np.cumsum(sums)
     target = u * block_cdf[-1]
     b = min(int(np.searchsorted(block_cdf, target, side="right")), block_cdf.shape[0] - 1)
     before = block_cdf[b - 1] if b > 0 else 0.0
-    inner = np.cumsum(blocks[b]) + before
+    inner = np.cumsum(p[b * _BLOCK : (b + 1) * _BLOCK], dtype=np.float64) + before
     j = b * _BLOCK + min(int(np.searchsorted(inner, target, side="right")), _BLOCK - 1)
     if j >= n or p[j] == 0.0:  # rounding put the target on a zero-weight tail
         j = int(np.flatnonzero(p[: min(j + 1, n)])[-1]) if np.any(p[: min(j + 1, n)]) else int(np.flatnonzero(p)[0])
@@ -96,7 +110,11 @@ def _inverse_cdf(p: np.ndarray, u: float) -> int:
 def _choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:
     """Inverse-CDF draw (in token-id order) over the temperature/top-k/top-p filtered distribution."""
     scaled = logits / np.float32(params.temperature)
-    p = np.exp(scaled - scaled.max())
+    return _choose_weights(np.exp(scaled - scaled.max()), params, u)
+
+
+def _choose_weights(p: np.ndarray, params: SamplingParams, u: float) -> int:
+    """The draw from weights exp(scaled - max(scaled)); top-k/top-p zero entries of `p` in place."""
     if 0 < params.top_k < p.shape[0]:
         kth = np.partition(p, p.shape[0] - params.top_k)[p.shape[0] - params.top_k]
         p[p < kth] = 0.0
@@ -185,13 +203,17 @@ def sample(
         masked = masked[subset]  # index j of the subset is token subset[j]
     elif allowed is not None:
         masked = _apply_mask(masked, allowed)
+    m, e = _exp_shifted(raw)
+    lse = m + float(np.log(e.sum(dtype=np.float64)))  # before the draw, which may zero entries of e
     if params.temperature <= 0.0:
         token = int(np.argmax(masked))
+    elif masked is raw and params.temperature == 1.0:
+        # raw / 1 == raw, so the draw's weights are exactly e: skip a second pass over the vocabulary.
+        token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
     else:
         token = _choose(masked, params, draw_uniform(params.seed, token_index))
     if subset is not None:
         token = int(subset[token])
-    lse = _logsumexp(raw)
     logprob = float(raw[token]) - lse
     top: tuple[tuple[int, float], ...] = ()
     if params.top_logprobs > 0:

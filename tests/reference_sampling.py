@@ -1,0 +1,190 @@
+"""service/engine/sampling.py as of before its speed-ups (issue 11), frozen: the fast path must draw exactly
+what this draws (tokens and logprobs bit for bit), or runs logged before would not resume identically."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.engine.base import AllowedTokens, SamplingParams, TokenBitmask, TokenOutput
+
+# For top-p, first try the nucleus among this many best tokens; fall back to sorting everything.
+_NUCLEUS_PREFETCH = 1024
+_BLOCK = 1024
+
+
+def draw_uniform(seed: int, token_index: int) -> float:
+    """The one uniform number in [0, 1) used to pick token `token_index` of a sequence seeded `seed`."""
+    return float(np.random.default_rng([seed % (1 << 64), token_index]).random())
+
+
+# Constraints hand the same large allowed-id array every step (e.g. "any ordinary token" in a
+# Harmony message body): turn each into an additive 0/-inf bias once instead of scattering 200k ids.
+_BIAS_CACHE_MIN = 4096
+_bias_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _mask_bias(allowed: np.ndarray, vocab: int) -> np.ndarray:
+    key = id(allowed)
+    cached = _bias_cache.get(key)
+    if cached is not None and cached[0] is allowed and cached[1].shape[0] == vocab:
+        return cached[1]
+    bias = np.full(vocab, -np.inf, dtype=np.float32)
+    bias[allowed] = 0.0
+    if len(_bias_cache) >= 32:
+        _bias_cache.clear()
+    _bias_cache[key] = (allowed, bias)  # holding `allowed` keeps its id from being reused
+    return bias
+
+
+def _logsumexp(logits: np.ndarray) -> float:
+    m = float(logits.max())
+    return m + float(np.log(np.exp(logits - np.float32(m)).sum(dtype=np.float64)))
+
+
+def _top_n(values: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n largest values, best first, ties by lower index (deterministic)."""
+    n = min(n, values.shape[0])
+    part = np.argpartition(-values, n - 1)[:n] if n < values.shape[0] else np.arange(values.shape[0])
+    part = np.sort(part)
+    return part[np.argsort(-values[part], kind="stable")]
+
+
+def _nucleus_threshold(p: np.ndarray, top_p: float) -> float:
+    """The probability of the token at which the best-first cumulative mass first reaches top_p.
+
+    Tokens with p >= this form the nucleus (ties at the edge all stay in)."""
+    target = top_p * float(p.sum(dtype=np.float64))
+    ids = _top_n(p, _NUCLEUS_PREFETCH)
+    mass = np.cumsum(p[ids], dtype=np.float64)
+    if mass[-1] >= target or ids.shape[0] == p.shape[0]:
+        cut = min(int(np.searchsorted(mass, target, side="left")), ids.shape[0] - 1)
+        return float(p[ids[cut]])
+    # A flat distribution: sort the values (not indices), which is cheap even for a 200k vocabulary.
+    desc = np.sort(p)[::-1]
+    cut = min(int(np.searchsorted(np.cumsum(desc, dtype=np.float64), target, side="left")), desc.shape[0] - 1)
+    return float(desc[cut])
+
+
+def _inverse_cdf(p: np.ndarray, u: float) -> int:
+    """The first index whose cumulative weight exceeds u * total, via per-block sums (a float64
+    cumsum over the whole vocabulary costs milliseconds)."""
+    n = p.shape[0]
+    padded = np.zeros(-(-n // _BLOCK) * _BLOCK, dtype=np.float64)
+    padded[:n] = p
+    blocks = padded.reshape(-1, _BLOCK)
+    block_cdf = np.cumsum(blocks.sum(axis=1))
+    target = u * block_cdf[-1]
+    b = min(int(np.searchsorted(block_cdf, target, side="right")), block_cdf.shape[0] - 1)
+    before = block_cdf[b - 1] if b > 0 else 0.0
+    inner = np.cumsum(blocks[b]) + before
+    j = b * _BLOCK + min(int(np.searchsorted(inner, target, side="right")), _BLOCK - 1)
+    if j >= n or p[j] == 0.0:  # rounding put the target on a zero-weight tail
+        j = int(np.flatnonzero(p[: min(j + 1, n)])[-1]) if np.any(p[: min(j + 1, n)]) else int(np.flatnonzero(p)[0])
+    return j
+
+
+def _choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:
+    """Inverse-CDF draw (in token-id order) over the temperature/top-k/top-p filtered distribution."""
+    scaled = logits / np.float32(params.temperature)
+    p = np.exp(scaled - scaled.max())
+    if 0 < params.top_k < p.shape[0]:
+        kth = np.partition(p, p.shape[0] - params.top_k)[p.shape[0] - params.top_k]
+        p[p < kth] = 0.0
+    if params.top_p < 1.0:
+        p[p < _nucleus_threshold(p, params.top_p)] = 0.0
+    return _inverse_cdf(p, u)
+
+
+def apply_penalties(logits: np.ndarray, params: SamplingParams, counts: dict[int, int] | None) -> np.ndarray:
+    """OpenAI's presence/frequency penalties over `counts` (token id -> times generated); a new array."""
+    if not counts or (params.frequency_penalty == 0.0 and params.presence_penalty == 0.0):
+        return logits
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    times = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+    out = logits.copy()
+    out[ids] -= np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * times
+    return out
+
+
+def bitmask_to_bool(mask: TokenBitmask, vocab: int) -> np.ndarray:
+    """Unpack llguidance's bit layout (little-endian words, bit i = token 32*j+i) to a bool per token."""
+    bits = np.unpackbits(np.ascontiguousarray(mask.words, dtype="<u4").view(np.uint8), bitorder="little")
+    if bits.shape[0] < vocab:
+        bits = np.concatenate([bits, np.zeros(vocab - bits.shape[0], dtype=np.uint8)])
+    return bits[:vocab].view(np.bool_)
+
+
+# When a constraint allows at most this fraction of the vocabulary, sampling runs over the allowed
+# ids alone (the same distribution in the same id order, without touching 200k masked-out logits).
+_COMPACT_FRACTION = 8
+
+
+def _compact_ids(allowed: AllowedTokens, vocab: int) -> np.ndarray | None:
+    """The sorted allowed ids when they are few (compact path), else None (mask the whole vocabulary)."""
+    if isinstance(allowed, TokenBitmask):
+        words = np.ascontiguousarray(allowed.words, dtype="<u4")
+        nonzero = np.flatnonzero(words)
+        if nonzero.size * 32 > 4 * vocab // _COMPACT_FRACTION:  # surely dense: skip the exact count
+            return None
+        bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32).view(np.bool_)
+        ids = (nonzero[:, None] * 32 + np.arange(32))[bits]
+        ids = ids[ids < vocab]
+    else:
+        ids = np.asarray(allowed, dtype=np.int64)
+        if ids.size * _COMPACT_FRACTION > vocab:
+            return None
+        ids = np.unique(ids)
+    if ids.size == 0:
+        raise ValueError("constraint allows no token")
+    return ids if ids.size * _COMPACT_FRACTION <= vocab else None
+
+
+def _apply_mask(logits: np.ndarray, allowed: AllowedTokens) -> np.ndarray:
+    if isinstance(allowed, TokenBitmask):
+        keep = bitmask_to_bool(allowed, logits.shape[0])
+        if not keep.any():
+            raise ValueError("constraint allows no token")
+        masked = np.full_like(logits, -np.inf)
+        np.copyto(masked, logits, where=keep)
+        return masked
+    allowed = np.asarray(allowed, dtype=np.int64)
+    if allowed.size == 0:
+        raise ValueError("constraint allows no token")
+    if allowed.size >= _BIAS_CACHE_MIN:
+        return logits + _mask_bias(allowed, logits.shape[0])  # the same values as the copy below, faster
+    masked = np.full_like(logits, -np.inf)
+    masked[allowed] = logits[allowed]
+    return masked
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    token_index: int,
+    allowed: AllowedTokens | None = None,
+    counts: dict[int, int] | None = None,
+) -> TokenOutput:
+    """Pick one token from `logits` (vocab,). `allowed` (token ids or a packed bitmask) masks everything
+    else out; `counts` (token id -> times generated so far) feeds the frequency/presence penalties.
+
+    Greedy when temperature == 0. finish_reason is left for the engine to set."""
+    raw = np.asarray(logits, dtype=np.float32)
+    masked = apply_penalties(raw, params, counts)
+    subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
+    if subset is not None:
+        masked = masked[subset]  # index j of the subset is token subset[j]
+    elif allowed is not None:
+        masked = _apply_mask(masked, allowed)
+    if params.temperature <= 0.0:
+        token = int(np.argmax(masked))
+    else:
+        token = _choose(masked, params, draw_uniform(params.seed, token_index))
+    if subset is not None:
+        token = int(subset[token])
+    lse = _logsumexp(raw)
+    logprob = float(raw[token]) - lse
+    top: tuple[tuple[int, float], ...] = ()
+    if params.top_logprobs > 0:
+        ids = _top_n(raw, params.top_logprobs)
+        top = tuple((int(i), float(raw[i]) - lse) for i in ids)
+    return TokenOutput(token_id=token, logprob=logprob, top_logprobs=top)
