@@ -34,6 +34,7 @@ from service.store.db import checkpoint_when_idle
 from service.store.faults import backoff_seconds, is_transient
 from service.store.leases import ClaimedRun
 from service.store.recorder import RunWrite, StepOutcome
+from service.store.token_facts import TokenChunks
 from service.stream_builder import Ending, StreamBuilder
 from service.tool_steps import RunLost, ToolSteps, tool_facts
 
@@ -76,6 +77,7 @@ class RunSupervisor:
         self._tool_runs: dict[str, ActiveRun] = {}
         self._tool_tasks: set[asyncio.Task[None]] = set()
         self._commit_waiters: dict[int, list[asyncio.Future[bool]]] = {}  # id(RunWrite) -> waiters
+        self._chunks = TokenChunks()  # each run's last token chunk: extended without reading it back
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -396,10 +398,12 @@ class RunSupervisor:
             self._backlog.pop(rid, None)
             await self._drop(rid)
         self._note_cancels(outcome.cancel_requested)
-        committed = {w.response_id: w.events for w in writes if w.response_id not in outcome.lost}
-        metrics.TOKENS.inc(metrics.token_count(w.facts for w in writes if w.response_id not in outcome.lost))
+        kept = [w for w in writes if w.response_id not in outcome.lost]
+        metrics.TOKENS.inc(metrics.token_count(w.facts for w in kept))
+        # The JSON serialized for the log is what readers are handed: each event is serialized once.
         await self.notifier.publish(
-            committed, {rid: [stored(rid, e) for e in events] for rid, events in committed.items()}
+            [w.response_id for w in kept],
+            {w.response_id: [event_log.live(e) for e in w.encoded_events()] for w in kept},
         )
 
     async def _commit_retrying(self, writes: list[RunWrite]) -> StepOutcome:
@@ -411,7 +415,7 @@ class RunSupervisor:
             attempt_started = time.monotonic()
             try:
                 outcome = await recorder.commit_step(
-                    self.db, self.owner, pending, lease_seconds=self.settings.lease_seconds
+                    self.db, self.owner, pending, lease_seconds=self.settings.lease_seconds, chunks=self._chunks
                 )
             except Exception as exc:
                 if not is_transient(exc):

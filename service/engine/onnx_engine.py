@@ -215,7 +215,7 @@ class OnnxEngine:
                 self._mask_thread = ThreadPoolExecutor(max_workers=_MASK_THREADS, thread_name_prefix="masks")
             # Next step's masks, computed while the model runs (llguidance drops the GIL), split
             # across the mask threads.
-            shares = [constrained[i :: _MASK_THREADS] for i in range(min(_MASK_THREADS, len(constrained)))]
+            shares = [constrained[i::_MASK_THREADS] for i in range(min(_MASK_THREADS, len(constrained)))]
             masks = [self._mask_thread.submit(_compute_masks, share) for share in shares]
         try:
             self._decode(going)
@@ -394,4 +394,3 @@ def window_capacities(model_dir: Path, extra: dict[str, Any]) -> dict[int, int]:
         return {}
     capacity = int(window["window_size"]) + int(window.get("cache_slack", 0))
     return {int(layer): capacity for layer in window.get("layers", [])}
-
