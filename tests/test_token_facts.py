@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import event_log, token_facts
@@ -39,6 +40,25 @@ async def test_remembered_chunk_agrees_with_the_log_and_with_a_writer_that_reads
     assert with_memory == without and len(with_memory) >= 2  # the same chunks, rolled over at the same place
     merged = token_facts.merge_token_facts([data for _, data in with_memory])
     assert merged["ids"] == [100_000 + step for step in range(steps)]
+
+
+async def test_a_remembered_chunk_is_extended_without_reading_it(db: AsyncEngine) -> None:
+    chunks = TokenChunks()
+    await _step(db, [("resp_a", "tokens", {"ids": [1]})], chunks)
+    statements: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if "run_facts" in statement:  # not PostgreSQL's append lock
+            statements.append(statement.lstrip().split()[0].upper())
+
+    sa.event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        for token in range(2, 6):
+            await _step(db, [("resp_a", "tokens", {"ids": [token]})], chunks)
+    finally:
+        sa.event.remove(db.sync_engine, "before_cursor_execute", record)
+    assert statements.count("UPDATE") == 4 and "SELECT" not in statements, statements
+    assert await _facts(db, "resp_a") == [("tokens", {"ids": [1, 2, 3, 4, 5]})]
 
 
 async def test_a_restarted_writer_extends_the_chunk_it_finds(db: AsyncEngine) -> None:

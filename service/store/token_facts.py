@@ -39,6 +39,20 @@ def _encode(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
+_later = run_facts.alias("later")
+# Extend a remembered chunk only while it is exactly what was remembered and still its run's last fact.
+# Built once: constructing the statement per run per step cost a third as much as executing it.
+_EXTEND = (
+    sa.update(run_facts)
+    .where(
+        run_facts.c.position == sa.bindparam("chunk"),
+        run_facts.c.data == sa.bindparam("old"),
+        ~sa.exists().where(_later.c.response_id == sa.bindparam("run"), _later.c.position > sa.bindparam("chunk")),
+    )
+    .values(data=sa.bindparam("new"))
+)
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A run's last `tokens` fact as its writer last wrote or read it."""
@@ -92,15 +106,8 @@ async def append_tokens(
     if known is not None and len(known.data) < CHUNK_CHARS:
         payload = merge_token_facts([known.payload, data])
         merged = _encode(payload)
-        later = run_facts.alias("later")
         result = await connection.execute(
-            sa.update(run_facts)
-            .where(
-                run_facts.c.position == known.position,
-                run_facts.c.data == known.data,
-                ~sa.exists().where(later.c.response_id == response_id, later.c.position > known.position),
-            )
-            .values(data=merged)
+            _EXTEND, {"chunk": known.position, "old": known.data, "run": response_id, "new": merged}
         )
         if result.rowcount == 1:
             assert chunks is not None
