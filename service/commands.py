@@ -143,7 +143,7 @@ class Commands:
             self.supervisor.tool_steps.headers[response_id] = server_tools.headers
         with metrics.EVENT_APPEND.labels("create").time():
             await recorder.create_response(
-            self.db,
+                self.db,
                 request_fact=fact,
                 created_event=created_event,
                 response=response,

@@ -56,3 +56,29 @@ def test_anything_the_codec_cannot_rebuild_is_stored_as_sent() -> None:
     created = {"type": "response.created", "sequence_number": 0, "response": {"id": RID}}
     for event in (foreign_id, extra_field, other_part, reordered, created):
         assert _round_trip(event) == encode(event)
+
+
+def test_an_event_is_serialized_once_for_the_log_and_its_readers() -> None:
+    logprobs = [{"token": "x", "bytes": [120], "logprob": -0.5, "top_logprobs": []}]
+    cases = [
+        _delta("response.output_text.delta", "msg", logprobs=[]),
+        _delta("response.output_text.delta", "msg", logprobs=logprobs),
+        _delta("response.reasoning_text.delta", "rs"),
+        _delta("response.function_call_arguments.delta", "fc"),
+        {**_delta("response.reasoning_text.delta", "rs"), "content_index": 0.0},  # equal to 0, sent as 0.0
+        {**_delta("response.function_call_arguments.delta", "fc"), "output_index": True},
+        _delta("response.output_text.delta", "msg", logprobs=None),  # decode would give []
+        _delta("response.output_text.delta", "msg", logprobs=[{1: "a", "1": "b"}]),  # JSON that reads back changed
+        {"type": "response.created", "sequence_number": 0, "response": {"id": RID}},
+    ]
+    for event in cases:
+        encoded = event_codec.encode_event(RID, event)
+        assert encoded.sent == encode(event)
+        assert event_codec.decode(RID, event["type"], event["sequence_number"], encoded.stored) == encoded.sent
+        assert (encoded.response_id, encoded.sequence_number, encoded.type) == (
+            RID,
+            event["sequence_number"],
+            event["type"],
+        )
+    assert event_codec.encode_event(RID, cases[0]).stored.startswith("[")
+    assert event_codec.encode_event(RID, cases[4]).stored.startswith("{")

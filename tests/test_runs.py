@@ -177,3 +177,23 @@ async def test_an_engine_error_is_not_labelled_a_context_overflow(
     await _wait(failed)
     error = (await harness.commands.get(rid, project=DEFAULT_PROJECT))["error"]
     assert error["code"] == "model_error" and "out of range" in error["message"]
+
+
+async def test_a_run_lost_and_claimed_again_gets_none_of_its_old_steps_tokens(harness: Harness) -> None:
+    """Engine steps run ahead of the loop: those computed for the run before it was lost must not be
+    taken for steps of the run claimed again (its text would repeat a character)."""
+    rid = await _start_one_slow_run(harness)
+    async with harness.db.begin() as connection:  # lost (another owner, lease already expired): claimable again
+        await connection.execute(sa.text("UPDATE runs SET owner = 'worker-b', lease_expires_at = 0"))
+
+    async def done() -> bool:
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+    await _wait(done)
+    final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
+    assert final["output"][0]["content"][0]["text"] == harness.engine.script
+    events = await _events(harness, rid)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    async with harness.db.connect() as connection:
+        claims = await connection.scalar(sa.text("SELECT claims FROM runs WHERE response_id = :r"), {"r": rid})
+    assert claims is not None and claims >= 2, "the run was claimed again"

@@ -89,10 +89,7 @@ def test_cannot_read_service_files_or_database(sandbox: Sandbox) -> None:
         "/var/lib/postgresql",
     ]
     code = (
-        "import os\n"
-        f"for path in {targets!r}:\n"
-        "    print(path, os.path.exists(path))\n"
-        "print(sorted(os.listdir('/')))\n"
+        f"import os\nfor path in {targets!r}:\n    print(path, os.path.exists(path))\nprint(sorted(os.listdir('/')))\n"
     )
     result = run(sandbox, code)
     assert result.exit_code == 0, result.stderr

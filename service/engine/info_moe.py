@@ -42,8 +42,13 @@ def logical_parameters(model: onnx.ModelProto) -> tuple[int, int]:
             table = next(t for t in model.graph.initializer if t.name == node.input[0])
             idle += (table.dims[0] - 1) * int(np.prod(table.dims[1:]))
     everything = sum(n * packed.get(name, 1) for name, n in dims.items())
-    scales = sum(dims[n] for node in model.graph.node if node.op_type in ("QMoE", "MatMulNBits")
-                 for n in node.input[1:] if n.endswith(("scales", "zp")) and n in dims)
+    scales = sum(
+        dims[n]
+        for node in model.graph.node
+        if node.op_type in ("QMoE", "MatMulNBits")
+        for n in node.input[1:]
+        if n.endswith(("scales", "zp")) and n in dims
+    )
     return everything - scales, idle
 
 

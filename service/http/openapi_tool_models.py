@@ -110,4 +110,3 @@ class CodeInterpreterCodeDeltaEvent(_ToolEvent):
 class CodeInterpreterCodeDoneEvent(_ToolEvent):
     type: Literal["response.code_interpreter_call_code.done"]
     code: str
-

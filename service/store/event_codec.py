@@ -61,11 +61,45 @@ def _compact(response_id: str, event: dict[str, Any]) -> str | None:
 
 def encode(response_id: str, event: dict[str, Any]) -> str:
     """The `events.data` to store for `event` (compact when decode gives back exactly what was sent)."""
-    full = _json(event)
-    compact = _compact(response_id, event)
-    if compact is not None and decode(response_id, event["type"], event["sequence_number"], compact) == full:
-        return compact
-    return full
+    return encode_event(response_id, event).stored
+
+
+@dataclass(frozen=True)
+class EncodedEvent:
+    """An event serialized once: `sent` is the JSON clients receive, `stored` its `events.data`."""
+
+    response_id: str
+    sequence_number: int
+    type: str
+    sent: str
+    stored: str
+
+
+def encode_event(response_id: str, event: dict[str, Any]) -> EncodedEvent:
+    """Serialize `event` once for both the log and its live readers (the hot path of every token)."""
+    sent = _json(event)
+    compact = _compact(response_id, event) if _rebuildable(event) else None
+    if (
+        compact is not None
+        and event.get("logprobs")
+        and decode(response_id, event["type"], event["sequence_number"], compact) != sent
+    ):
+        compact = None  # logprobs are arbitrary JSON: checked by decoding (only runs that ask for them pay)
+    return EncodedEvent(response_id, event["sequence_number"], event["type"], sent, compact or sent)
+
+
+def _rebuildable(event: dict[str, Any]) -> bool:
+    """decode would rebuild `event` exactly: the keys decode writes, in its order, with values whose JSON
+    survives a round trip unchanged (checked by shape instead of decoding, since this runs per token)."""
+    shape = _DELTAS.get(event.get("type", ""))
+    if shape is None or type(event.get("sequence_number")) is not int or type(event.get("output_index")) is not int:
+        return False
+    keys = ["type", "sequence_number", "item_id", "output_index"]
+    keys += ["content_index"] if shape.content_index else []
+    keys += ["delta", "logprobs"] if shape.logprobs else ["delta"]
+    if shape.content_index and type(event.get("content_index")) is not int:
+        return False  # 0.0 == 0, but would not be sent as "0"
+    return list(event) == keys and (not shape.logprobs or type(event["logprobs"]) is list)
 
 
 def decode(response_id: str, event_type: str, sequence_number: int, data: str) -> str:

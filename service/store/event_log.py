@@ -73,29 +73,41 @@ async def append_events_of_runs(
 ) -> dict[str, int]:
     """append_events for several responses in one statement (a group commit); response id -> the
     position of its last event (responses with no events are absent)."""
+    return await append_encoded(
+        connection, [event_codec.encode_event(response_id, event) for response_id, evs in runs for event in evs]
+    )
+
+
+async def append_encoded(connection: AsyncConnection, encoded: Sequence[event_codec.EncodedEvent]) -> dict[str, int]:
+    """append_events_of_runs for events already serialized (the writer serializes each event once, for
+    the log and for its live readers)."""
+    if not encoded:
+        return {}
     now = datetime.now(UTC)
     rows = [
         {
-            "response_id": response_id,
-            "sequence_number": event["sequence_number"],
-            "type": event["type"],
-            "data": event_codec.encode(response_id, event),  # compact for token deltas
+            "response_id": event.response_id,
+            "sequence_number": event.sequence_number,
+            "type": event.type,
+            "data": event.stored,  # compact for token deltas
             "created_at": now,
         }
-        for response_id, stream_events in runs
-        for event in stream_events
+        for event in encoded
     ]
-    if not rows:
-        return {}
     try:
         result = await connection.execute(sa.insert(events).returning(events.c.response_id, events.c.position), rows)
     except IntegrityError as exc:
-        ids = ", ".join(sorted({response_id for response_id, _ in runs}))
+        ids = ", ".join(sorted({event.response_id for event in encoded}))
         raise SequenceConflict(f"sequence numbers of {ids} already taken") from exc
     last: dict[str, int] = {}
     for response_id, position in result:
         last[response_id] = max(position, last.get(response_id, 0))
     return last
+
+
+def live(event: event_codec.EncodedEvent) -> StoredEvent:
+    """A just-committed event as readers of the log see it (position is not needed to stream it)."""
+    return StoredEvent(0, event.response_id, event.sequence_number, event.type, event.sent)
 
 
 async def append_fact(connection: AsyncConnection, response_id: str, kind: str, data: dict[str, Any]) -> None:
@@ -104,10 +116,14 @@ async def append_fact(connection: AsyncConnection, response_id: str, kind: str, 
     )
 
 
-async def append_facts(connection: AsyncConnection, rows: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+async def append_facts(
+    connection: AsyncConnection,
+    rows: Sequence[tuple[str, str, dict[str, Any]]],
+    chunks: token_facts.TokenChunks | None = None,
+) -> None:
     """Append facts in the order given; each run's `tokens` facts go into its token chunks (see
-    token_facts). A run's consecutive `tokens` facts are logged together, and any other fact of that
-    run first flushes them, so the run's facts keep their order in the log."""
+    token_facts; `chunks`: the writer's memory of them). A run's consecutive `tokens` facts are logged
+    together, and any other fact of that run first flushes them, so the run's facts keep their order."""
     if not rows:
         return
     now = datetime.now(UTC)
@@ -117,12 +133,14 @@ async def append_facts(connection: AsyncConnection, rows: Sequence[tuple[str, st
             tokens.setdefault(rid, []).append(data)
             continue
         if rid in tokens:
-            await token_facts.append_tokens(connection, rid, tokens.pop(rid), now)
+            await token_facts.append_tokens(connection, rid, tokens.pop(rid), now, chunks)
         await connection.execute(
             sa.insert(run_facts).values(response_id=rid, kind=kind, data=encode(data), created_at=now)
         )
+        if chunks is not None:
+            chunks.forget([rid])  # its last chunk is no longer its last fact
     for rid, facts in tokens.items():
-        await token_facts.append_tokens(connection, rid, facts, now)
+        await token_facts.append_tokens(connection, rid, facts, now, chunks)
 
 
 async def read_events(

@@ -93,9 +93,7 @@ async def insert_output_items(
         await insert_items(connection, response_id, [item], source="output", first_ordinal=input_item_count + index)
 
 
-async def get_response(
-    connection: AsyncConnection, response_id: str, *, project: str | None
-) -> dict[str, Any] | None:
+async def get_response(connection: AsyncConnection, response_id: str, *, project: str | None) -> dict[str, Any] | None:
     row = (
         await connection.execute(
             sa.select(responses.c.response, responses.c.last_position, responses.c.status).where(

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.conversations import store as conversation_store
-from service.store import event_log, leases, read_models
+from service.store import event_codec, event_log, leases, read_models, token_facts
 from service.store.schema import DEFAULT_PROJECT
 
 
@@ -31,6 +31,14 @@ class RunWrite:
     # Token ids the run had in the log (or queued before this write) when this write began:
     # after a commit whose outcome was never heard, the count in the log says whether it landed.
     token_facts_before: int = 0
+
+    _encoded: list[event_codec.EncodedEvent] = field(default_factory=list, repr=False)
+
+    def encoded_events(self) -> list[event_codec.EncodedEvent]:
+        """`events` serialized once, for the log and for live readers (events are only ever appended)."""
+        for event in self.events[len(self._encoded) :]:
+            self._encoded.append(event_codec.encode_event(self.response_id, event))
+        return self._encoded
 
     def merge(self, later: RunWrite) -> None:
         """Fold a later step of the same run into this one (the DB was slower than the engine)."""
@@ -70,12 +78,18 @@ async def create_response(
 
 
 async def commit_step(
-    engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], *, lease_seconds: float
+    engine: AsyncEngine,
+    owner: str,
+    writes: Sequence[RunWrite],
+    *,
+    lease_seconds: float,
+    chunks: token_facts.TokenChunks | None = None,
 ) -> StepOutcome:
     """Append every run's step in one transaction; a run that lost its lease is skipped, and a
-    sequence conflict (a rival owner got there first) drops only that run."""
+    sequence conflict (a rival owner got there first) drops only that run. `chunks`: the writer's
+    memory of its runs' last token chunks (token_facts.TokenChunks)."""
     try:
-        return await _commit(engine, owner, writes, lease_seconds)
+        return await _commit(engine, owner, writes, lease_seconds, chunks)
     except event_log.SequenceConflict:
         pass
     # Isolate the conflicting run(s): commit each run alone.
@@ -83,7 +97,7 @@ async def commit_step(
     lost: set[str] = set()
     for write in writes:
         try:
-            outcome = await _commit(engine, owner, [write], lease_seconds)
+            outcome = await _commit(engine, owner, [write], lease_seconds, chunks)
         except event_log.SequenceConflict:
             lost.add(write.response_id)
             continue
@@ -92,17 +106,32 @@ async def commit_step(
     return StepOutcome(cancels, lost)
 
 
-async def _commit(engine: AsyncEngine, owner: str, writes: Sequence[RunWrite], lease_seconds: float) -> StepOutcome:
-    async with engine.begin() as connection:
-        await event_log.lock_for_append(connection)
-        owned = await leases.fence(connection, owner, [w.response_id for w in writes], lease_seconds=lease_seconds)
-        lost = {w.response_id for w in writes} - owned.keys()
-        kept = [w for w in writes if w.response_id not in lost]
-        # One statement per table for the whole group, not per run: a round trip each.
-        await event_log.append_facts(connection, [(w.response_id, kind, data) for w in kept for kind, data in w.facts])
-        positions = await event_log.append_events_of_runs(connection, [(w.response_id, w.events) for w in kept])
-        for write in kept:
-            await _apply_write(connection, write, positions.get(write.response_id, 0))
+async def _commit(
+    engine: AsyncEngine,
+    owner: str,
+    writes: Sequence[RunWrite],
+    lease_seconds: float,
+    chunks: token_facts.TokenChunks | None,
+) -> StepOutcome:
+    try:
+        async with engine.begin() as connection:
+            await event_log.lock_for_append(connection)
+            owned = await leases.fence(connection, owner, [w.response_id for w in writes], lease_seconds=lease_seconds)
+            lost = {w.response_id for w in writes} - owned.keys()
+            kept = [w for w in writes if w.response_id not in lost]
+            # One statement per table for the whole group, not per run: a round trip each.
+            await event_log.append_facts(
+                connection, [(w.response_id, kind, data) for w in kept for kind, data in w.facts], chunks
+            )
+            positions = await event_log.append_encoded(connection, [e for w in kept for e in w.encoded_events()])
+            for write in kept:
+                await _apply_write(connection, write, positions.get(write.response_id, 0))
+    except BaseException:
+        if chunks is not None:
+            chunks.forget(w.response_id for w in writes)  # rolled back, or landed unheard: read them next time
+        raise
+    if chunks is not None:
+        chunks.forget([*lost, *(w.response_id for w in kept if w.terminal)])
     return StepOutcome(owned, lost)
 
 
