@@ -256,6 +256,8 @@ class RunSupervisor:
             await end(run, "length")
             return
         try:
+            # Quick: the engine only validates and registers it; its prefill happens in the next steps,
+            # between decode runs (the first token's wait, prefill included, is timed from here).
             await self._in_engine(
                 self.runtime.engine.add_sequence, rid, segment.prompt, params, run.constraint, segment.tokens
             )
@@ -325,10 +327,10 @@ class RunSupervisor:
         # Pipelining: the engine computes step N+1 while step N's transaction commits. Clients
         # only ever read committed events, so write-before-send holds; a run found lost or
         # cancelled by that commit simply has its extra token discarded.
-        step = asyncio.ensure_future(self._in_engine(metrics.timed(metrics.ENGINE_STEP, self.runtime.engine.step)))
+        step = asyncio.ensure_future(self._in_engine(self._engine_step))
         await self._drain(wait=self._backlog_steps >= MAX_BACKLOG_STEPS)  # overlaps the engine step
         try:
-            outputs = await step
+            outputs, failures = await step
         except Exception as exc:
             log.exception("engine step failed")
             for run in list(self.active.values()):
@@ -336,7 +338,20 @@ class RunSupervisor:
                 await self._commit_alone(run, "failed", {"code": "server_error", "message": f"engine error: {exc}"})
             return
         writes = [self._advance(self.active[rid], output) for rid, output in outputs.items() if rid in self.active]
+        writes += [self._prefill_failed(self.active[rid], exc) for rid, exc in failures.items() if rid in self.active]
         self._enqueue(writes)
+
+    def _engine_step(self) -> tuple[dict[str, TokenOutput], dict[str, EngineError]]:
+        """One engine step and the runs whose prefill failed in it (in the engine thread)."""
+        engine = self.runtime.engine
+        return metrics.timed(metrics.ENGINE_STEP, engine.step)(), engine.pop_failures()
+
+    def _prefill_failed(self, run: ActiveRun, exc: EngineError) -> RunWrite:
+        """End a run whose prefill failed in the engine step (the engine has dropped it already)."""
+        self._forget(run.response_id, in_engine=False)
+        write = run.write()
+        run.finish(write, "failed", {"code": "model_error", "message": str(exc)})
+        return write
 
     def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
         write = run.write()
@@ -541,7 +556,7 @@ class RunSupervisor:
         await self._in_engine(self.runtime.engine.remove_sequence, response_id)
 
     async def _heartbeat(self) -> None:
-        """Renew leases between commits (long prefills) and notice cancels and lost runs."""
+        """Renew leases between commits (long steps) and notice cancels and lost runs."""
         while not self._stopping:
             await asyncio.sleep(self.settings.lease_seconds / 3)
             if not self.active and not self._tool_runs:
