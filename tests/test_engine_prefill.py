@@ -74,10 +74,10 @@ def test_a_long_prompt_arriving_does_not_stall_running_sequences(
     steps_until_first = 0
     while "new" not in got:
         assert engine.prefilling_sequence_ids() == ["new"]
-        out = engine.step()
+        step = engine.step()
         steps_until_first += 1
-        assert {"r1", "r2"} <= set(out), "a running sequence got no token from a step"
-        for seq_id, token in out.items():
+        assert {"r1", "r2"} <= set(step), "a running sequence got no token from a step"
+        for seq_id, token in step.items():
             got.setdefault(seq_id, []).append(token)
     assert steps_until_first >= (LONG // budget if spread else 1)
     for seq_id, token_list in _outputs(engine).items():
