@@ -1,14 +1,20 @@
 """Throughput under load: C concurrent streaming clients through the real server vs the bare engine at batch C.
 
     .venv/bin/python -m bench.http_load [--models tiny,qwen] [--clients 1,4,8,16,32] [--prompt 128] [--new 128]
-        [--threads 2] [--turns 5] [--database-url URL] [--out docs/benchmarks] [--server-env NAME=VALUE ...]
+        [--threads 2] [--turns 5] [--steady-requests 3] [--database-url URL] [--out docs/benchmarks]
+        [--server-env NAME=VALUE ...]
 
 For each model and each client count C:
-  * http: `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each) POST
-    /v1/responses with stream=true at once and read the SSE stream. Time to first token (TTFT) is from
-    the POST to the first `*.delta` event, inter-token latency (ITL) the gaps between a client's deltas,
-    aggregate tokens/s the output tokens of all C responses (usage) over the wall time from the first
-    POST to the last terminal event.
+  * http (a burst): `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each)
+    POST /v1/responses with stream=true at once and read the SSE stream. Time to first token (TTFT) is
+    from the POST to the first `*.delta` event, inter-token latency (ITL) the gaps between a client's
+    deltas, aggregate tokens/s the output tokens of all C responses (usage) over the wall time from the
+    first POST to the last terminal event.
+  * steady (closed loop, --steady-requests R): each of C clients sends R requests one after another (the
+    next as soon as the previous ends), client i starting i/C of one request's duration after client 0,
+    so arrivals are spread as in a server under steady load. A client's first request is a warm-up; TTFT
+    and ITL are those of the later requests, and tokens/s the deltas that arrived while every client was
+    past its warm-up and still busy, over that window.
   * engine: OnnxEngine in this process, the same C prompts added at once and stepped to the end (what
     the server's engine does, without HTTP, SSE or the event log); TTFT is from the start to a sequence's
     first sampled token, ITL the step gaps.
@@ -70,7 +76,7 @@ class Sample:
     """What one run of C clients measured."""
 
     model: str
-    path: str  # "http" or "engine"
+    path: str  # "http" (a burst), "steady" (closed loop) or "engine"
     clients: int
     tokens: int = 0
     seconds: float = 0.0
@@ -185,6 +191,61 @@ def through_server(model: str, url: str, texts: list[str], new_tokens: int) -> S
     return sample
 
 
+async def _closed_loop(
+    client: httpx.AsyncClient, url: str, texts: list[str], new_tokens: int, delay: float, seed: int
+) -> list[dict[str, object]]:
+    await asyncio.sleep(delay)
+    return [await _one_client(client, url, text, new_tokens, seed + k * 1000) for k, text in enumerate(texts)]
+
+
+def steady(model: str, url: str, texts: list[str], clients: int, requests: int, new_tokens: int) -> Sample:
+    """C clients in a closed loop, `requests` each (the first a warm-up), staggered over one request's
+    duration; `texts` holds clients * requests + 1 distinct prompts (the last for the sizing run)."""
+    warm = asyncio.run(_clients(url, texts[clients * requests :][:1], new_tokens))[0]
+    duration = _arrivals(warm)[-1] - _started(warm)
+
+    async def all_clients() -> list[list[dict[str, object]]]:
+        limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+        async with httpx.AsyncClient(limits=limits) as client:
+            loops = [
+                _closed_loop(
+                    client, url, texts[i * requests : (i + 1) * requests], new_tokens, i * duration / clients, i
+                )
+                for i in range(clients)
+            ]
+            return await asyncio.gather(*loops)
+
+    per_client = asyncio.run(all_clients())
+    if any(result["status"] == "failed" or not _arrivals(result) for results in per_client for result in results):
+        raise RuntimeError("a run failed or streamed no delta: give it more tokens")
+    sample = Sample(model, "steady", clients)
+    # The window where every client is past its warm-up and still busy.
+    window_start = max(_started(results[1]) for results in per_client)
+    window_end = min(_arrivals(results[-1])[-1] for results in per_client)
+    for results in per_client:
+        for result in results[1:]:
+            arrivals = _arrivals(result)
+            sample.ttft.append(arrivals[0] - _started(result))
+            sample.itl.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
+        for result in results:
+            # A delta stands for tokens/deltas of its response's output tokens (Harmony headers stream none).
+            arrivals = _arrivals(result)
+            share = int(str(result["tokens"])) / len(arrivals)
+            sample.tokens += round(share * sum(1 for t in arrivals if window_start <= t <= window_end))
+    sample.seconds = max(0.0, window_end - window_start)
+    return sample
+
+
+def _arrivals(result: dict[str, object]) -> list[float]:
+    arrivals = result["arrivals"]
+    assert isinstance(arrivals, list)
+    return arrivals
+
+
+def _started(result: dict[str, object]) -> float:
+    return float(str(result["started"]))
+
+
 def multi_turn(url: str, turns: int, new_tokens: int, words: int) -> list[float]:
     """TTFT of each turn of one conversation chained by previous_response_id (seconds)."""
 
@@ -240,17 +301,20 @@ def markdown(
         f"machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| model | path | clients | tokens/s | × 1 client | http ÷ engine | TTFT p50 ms | TTFT p99 ms "
-        "| ITL p50 ms | ITL p99 ms |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| TTFT p50 ÷ 1 client | ITL p50 ms | ITL p99 ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    base = {(s.model, s.path): s.tokens_per_second for s in samples if s.clients == min(x.clients for x in samples)}
+    fewest = min(x.clients for x in samples)
+    base = {(s.model, s.path): s for s in samples if s.clients == fewest}
     engine = {(s.model, s.clients): s.tokens_per_second for s in samples if s.path == "engine"}
     for s in samples:
-        one = base.get((s.model, s.path)) or float("nan")
-        ratio = f"{s.tokens_per_second / engine[(s.model, s.clients)]:.2f}" if s.path == "http" else ""
+        one = base.get((s.model, s.path))
+        speedup = s.tokens_per_second / one.tokens_per_second if one and one.tokens_per_second else float("nan")
+        slower = percentile(s.ttft, 50) / percentile(one.ttft, 50) if one else float("nan")
+        ratio = f"{s.tokens_per_second / engine[(s.model, s.clients)]:.2f}" if s.path != "engine" else ""
         lines.append(
-            f"| {s.model} | {s.path} | {s.clients} | {s.tokens_per_second:.1f} | {s.tokens_per_second / one:.2f} "
-            f"| {ratio} | {percentile(s.ttft, 50) * 1e3:.0f} | {percentile(s.ttft, 99) * 1e3:.0f} "
+            f"| {s.model} | {s.path} | {s.clients} | {s.tokens_per_second:.1f} | {speedup:.2f} "
+            f"| {ratio} | {percentile(s.ttft, 50) * 1e3:.0f} | {percentile(s.ttft, 99) * 1e3:.0f} | {slower:.2f} "
             f"| {percentile(s.itl, 50) * 1e3:.1f} | {percentile(s.itl, 99) * 1e3:.1f} |"
         )
     if turns:
@@ -315,6 +379,7 @@ def run(
     database_url: str | None = None,
     server_env: dict[str, str] | None = None,
     turns: int = 0,
+    steady_requests: int = 0,
 ) -> list[Sample]:
     """Measure every (model, path, clients) and write http_load.md / http_load.png under `out`."""
     samples: list[Sample] = []
@@ -322,9 +387,11 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     for model in models:
         model_dir = model_dir_for(model, work_dir)
-        texts = prompt_texts(model_dir, max(clients), prompt)
+        # Distinct prompts: the burst's, then the closed loop's (no prefix shared with an earlier run).
+        texts = prompt_texts(model_dir, max(clients) * (1 + steady_requests) + 1, prompt)
+        burst, loop_texts = texts[: max(clients)], texts[max(clients) :]
         for count in clients:
-            samples.append(bare_engine(model, model_dir, texts[:count], new, threads))
+            samples.append(bare_engine(model, model_dir, burst[:count], new, threads))
             print(_line(samples[-1]), flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             url = database_url or f"sqlite+aiosqlite:///{tmp}/bench.db"
@@ -332,7 +399,10 @@ def run(
             server = ServerProcess(url, Path(tmp) / "server.log", **env).start(timeout=600)
             try:
                 for count in clients:
-                    samples.append(through_server(model, server.url, texts[:count], new))
+                    samples.append(through_server(model, server.url, burst[:count], new))
+                    print(_line(samples[-1]), flush=True)
+                for count in clients if steady_requests >= 2 else ():
+                    samples.append(steady(model, server.url, loop_texts, count, steady_requests, new))
                     print(_line(samples[-1]), flush=True)
             finally:
                 server.stop()
@@ -350,7 +420,7 @@ def run(
                     )
                 finally:
                     server.stop()
-    samples.sort(key=lambda s: (s.model, s.path != "http", s.clients))
+    samples.sort(key=lambda s: (s.model, ["http", "steady", "engine"].index(s.path), s.clients))
     (out / "http_load.md").write_text(markdown(samples, prompt, new, threads, conversations))
     plot(samples, out / "http_load.png")
     return samples
@@ -375,6 +445,12 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server")
     parser.add_argument("--turns", type=int, default=5, help="multi-turn part: turns per conversation (0 = skip)")
+    parser.add_argument(
+        "--steady-requests",
+        type=int,
+        default=3,
+        help="closed-loop part: requests per client, the first a warm-up (0 = skip)",
+    )
     args = parser.parse_args()
     run(
         args.models.split(","),
@@ -387,6 +463,7 @@ def main() -> None:
         database_url=args.database_url,
         server_env=dict(item.split("=", 1) for item in args.server_env),
         turns=args.turns,
+        steady_requests=args.steady_requests,
     )
     print((args.out / "http_load.md").read_text())
 

@@ -25,6 +25,9 @@ class Settings(BaseModel):
     # KV rows of finished runs kept so that a next turn starting with their tokens prefills only the rest
     # (LRU, bounded in bytes; 0 = off).
     prefix_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    # Prompt tokens one engine step prefills (for runs just admitted) before it decodes the running ones:
+    # bounds how long a newcomer's prompt holds up every running stream's next token.
+    prefill_chunk_tokens: int = Field(default=256, ge=2)
     lease_seconds: float = Field(default=10.0, gt=0)
     # How often an idle worker looks for runs whose lease expired.
     claim_interval_seconds: float = Field(default=1.0, gt=0)

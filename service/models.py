@@ -31,7 +31,10 @@ def load_runtime(settings: Settings) -> ModelRuntime:
     try:
         meta = read_config(model_dir)
         engine = OnnxEngine(
-            model_dir, intra_op_threads=settings.intra_op_threads, prefix_cache_bytes=settings.prefix_cache_bytes
+            model_dir,
+            intra_op_threads=settings.intra_op_threads,
+            prefix_cache_bytes=settings.prefix_cache_bytes,
+            prefill_tokens=settings.prefill_chunk_tokens,
         )
         chat_format = chat_format_for(model_dir, {**meta.as_dict(), "eos_token_id": meta.stop_token_ids})
         info = model_info(model_dir)

@@ -49,6 +49,8 @@ MAX_BACKLOG_STEPS = 16
 STEPS_AHEAD = 2
 # How often an idle worker truncates SQLite's WAL (see store.db.checkpoint_when_idle).
 CHECKPOINT_INTERVAL_SECONDS = 30.0
+# What one engine step yields: each sampled token, and the runs whose deferred prefill failed in it.
+_StepResult = tuple[dict[str, TokenOutput], dict[str, EngineError]]
 
 
 class _GaveUp(Exception):
@@ -76,7 +78,7 @@ class RunSupervisor:
         # Engine steps submitted ahead of the loop, with their index; a run that left the engine when
         # `n` steps had been submitted ignores the outputs of steps < n (they belong to its old self,
         # should the same run be claimed again).
-        self._ahead: collections.deque[tuple[int, asyncio.Future[dict[str, TokenOutput]]]] = collections.deque()
+        self._ahead: collections.deque[tuple[int, asyncio.Future[_StepResult]]] = collections.deque()
         self._steps_submitted = 0
         self._left_at: dict[str, int] = {}
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
@@ -271,6 +273,8 @@ class RunSupervisor:
             await end(run, "length")
             return
         try:
+            # Quick: the engine only validates and registers it; its prefill happens in the next steps,
+            # between decode runs (the first token's wait, prefill included, is timed from here).
             await self._in_engine(
                 self.runtime.engine.add_sequence, rid, segment.prompt, params, run.constraint, segment.tokens
             )
@@ -345,7 +349,7 @@ class RunSupervisor:
         index, step = self._ahead.popleft()
         await self._drain(wait=self._backlog_steps >= MAX_BACKLOG_STEPS)  # overlaps the engine step
         try:
-            outputs = await step
+            outputs, failures = await step
         except Exception as exc:
             log.exception("engine step failed")
             for run in list(self.active.values()):
@@ -353,20 +357,32 @@ class RunSupervisor:
                 await self._commit_alone(run, "failed", {"code": "server_error", "message": f"engine error: {exc}"})
             return
         self._submit_steps()  # before this step's events are built: the engine does not wait for them
-        writes = [
-            self._advance(self.active[rid], output)
-            for rid, output in outputs.items()
-            if rid in self.active and self._left_at.get(rid, -1) <= index
-        ]
+
+        def current(rid: str) -> bool:  # still ours, and not a step computed for an earlier incarnation
+            return rid in self.active and self._left_at.get(rid, -1) <= index
+
+        writes = [self._advance(self.active[rid], output) for rid, output in outputs.items() if current(rid)]
+        writes += [self._prefill_failed(self.active[rid], exc) for rid, exc in failures.items() if current(rid)]
         self._left_at = {rid: at for rid, at in self._left_at.items() if at > index + 1}
         self._enqueue(writes)
 
     def _submit_steps(self) -> None:
         """Queue engine steps until STEPS_AHEAD are in flight (the engine thread runs them in order)."""
         while self.active and len(self._ahead) < STEPS_AHEAD:
-            step = self._in_engine(metrics.timed(metrics.ENGINE_STEP, self.runtime.engine.step))
-            self._ahead.append((self._steps_submitted, asyncio.ensure_future(step)))
+            self._ahead.append((self._steps_submitted, asyncio.ensure_future(self._in_engine(self._engine_step))))
             self._steps_submitted += 1
+
+    def _engine_step(self) -> _StepResult:
+        """One engine step and the runs whose prefill failed in it (in the engine thread)."""
+        engine = self.runtime.engine
+        return metrics.timed(metrics.ENGINE_STEP, engine.step)(), engine.pop_failures()
+
+    def _prefill_failed(self, run: ActiveRun, exc: EngineError) -> RunWrite:
+        """End a run whose prefill failed in the engine step (the engine has dropped it already)."""
+        self._forget(run.response_id, in_engine=False)
+        write = run.write()
+        run.finish(write, "failed", {"code": "model_error", "message": str(exc)})
+        return write
 
     def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
         write = run.write()
@@ -575,7 +591,7 @@ class RunSupervisor:
         await self._in_engine(self.runtime.engine.remove_sequence, response_id)
 
     async def _heartbeat(self) -> None:
-        """Renew leases between commits (long prefills) and notice cancels and lost runs."""
+        """Renew leases between commits (long steps) and notice cancels and lost runs."""
         while not self._stopping:
             await asyncio.sleep(self.settings.lease_seconds / 3)
             if not self.active and not self._tool_runs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from service.engine.base import LogitsConstraint, SamplingParams, TokenOutput
+from service.engine.base import EngineError, LogitsConstraint, SamplingParams, TokenOutput
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, PromptRequest
 
 STOP = 0
@@ -17,11 +17,15 @@ class ScriptedEngine:
     model_id = "scripted"
     max_context = 100_000
 
-    def __init__(self, script: str, step_delay: float = 0.0) -> None:
+    def __init__(self, script: str, step_delay: float = 0.0, fail_prefill_on: int | None = None) -> None:
         self.script = script
         self.step_delay = step_delay
         self.sequences: dict[str, tuple[int, SamplingParams]] = {}
         self.steps = 0
+        # A prompt holding this token id fails in its first step, as a deferred prefill may.
+        self.fail_prefill_on = fail_prefill_on
+        self._doomed: set[str] = set()
+        self._failed: dict[str, EngineError] = {}
 
     def add_sequence(
         self,
@@ -32,10 +36,16 @@ class ScriptedEngine:
         generated_ids: Sequence[int] = (),
     ) -> None:
         self.sequences[seq_id] = (len(generated_ids), params)
+        if self.fail_prefill_on is not None and self.fail_prefill_on in prompt_ids:
+            self._doomed.add(seq_id)
 
     def step(self) -> dict[str, TokenOutput]:
         time.sleep(self.step_delay)
         self.steps += 1
+        for seq_id in self._doomed & set(self.sequences):
+            del self.sequences[seq_id]
+            self._failed[seq_id] = EngineError("prefill failed")
+        self._doomed.clear()
         out = {}
         for seq_id, (index, params) in list(self.sequences.items()):
             token = ord(self.script[index]) if index < len(self.script) else STOP
@@ -49,6 +59,11 @@ class ScriptedEngine:
 
     def remove_sequence(self, seq_id: str) -> None:
         self.sequences.pop(seq_id, None)
+        self._doomed.discard(seq_id)
+
+    def pop_failures(self) -> dict[str, EngineError]:
+        failed, self._failed = self._failed, {}
+        return failed
 
     def active_sequence_ids(self) -> list[str]:
         return list(self.sequences)

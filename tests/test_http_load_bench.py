@@ -9,17 +9,27 @@ from bench import http_load
 
 def test_http_load_writes_a_table_and_a_plot(tmp_path: Path, random_model_dir: Path) -> None:
     samples = http_load.run(
-        ["tiny"], [1, 2], prompt=16, new=16, threads=1, out=tmp_path / "out", work_dir=tmp_path / "work", turns=2
+        ["tiny"],
+        [1, 2],
+        prompt=16,
+        new=16,
+        threads=1,
+        out=tmp_path / "out",
+        work_dir=tmp_path / "work",
+        turns=2,
+        steady_requests=3,
     )
-    assert [(s.path, s.clients) for s in samples] == [("http", 1), ("http", 2), ("engine", 1), ("engine", 2)]
+    paths = [(s.path, s.clients) for s in samples]
+    assert paths == [("http", 1), ("http", 2), ("steady", 1), ("steady", 2), ("engine", 1), ("engine", 2)]
     for sample in samples:
-        assert len(sample.ttft) == sample.clients  # every client saw a first token
+        # every client saw a first token (in the closed loop, of each request after its warm-up)
+        assert len(sample.ttft) == sample.clients * (2 if sample.path == "steady" else 1)
         assert sample.tokens >= sample.clients and sample.seconds > 0
     table = (tmp_path / "out" / "http_load.md").read_text().splitlines()
     rows = [line for line in table if line.startswith("| tiny |")]
-    assert len(rows) == 4 + 2 and all(line.count("|") == 11 for line in rows[:4])
-    assert rows[4].startswith("| tiny | on |") and rows[5].startswith("| tiny | off |")  # turn 1, turn 2, ratio
-    assert all(line.count("|") == 6 for line in rows[4:])
+    assert len(rows) == 6 + 2 and all(line.count("|") == 12 for line in rows[:6])
+    assert rows[6].startswith("| tiny | on |") and rows[7].startswith("| tiny | off |")  # turn 1, turn 2, ratio
+    assert all(line.count("|") == 6 for line in rows[6:])
     assert (tmp_path / "out" / "http_load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

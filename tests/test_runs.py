@@ -197,3 +197,23 @@ async def test_a_run_lost_and_claimed_again_gets_none_of_its_old_steps_tokens(ha
     async with harness.db.connect() as connection:
         claims = await connection.scalar(sa.text("SELECT claims FROM runs WHERE response_id = :r"), {"r": rid})
     assert claims is not None and claims >= 2, "the run was claimed again"
+
+
+async def test_a_failed_deferred_prefill_fails_only_its_run(harness: Harness) -> None:
+    """The engine prefills inside step(); a prefill that fails there ends that run alone (model_error)."""
+    harness.engine.fail_prefill_on = ord("!")
+    doomed = await _create(harness, input="boom!")
+    fine = await _create(harness)
+    await harness.supervisor.start()
+
+    async def settled() -> bool:
+        statuses = [(await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] for rid in (doomed, fine)]
+        return statuses == ["failed", "completed"]
+
+    await _wait(settled)
+    error = (await harness.commands.get(doomed, project=DEFAULT_PROJECT))["error"]
+    assert error["code"] == "model_error" and "prefill failed" in error["message"]
+    assert [e["type"] for e in await _events(harness, doomed)][-1] == "response.failed"
+    final = await harness.commands.get(fine, project=DEFAULT_PROJECT)
+    assert final["output"][0]["content"][0]["text"] == harness.engine.script
+    assert doomed not in harness.supervisor.active

@@ -4,6 +4,9 @@ The run supervisor owns the asyncio side; an engine is synchronous and is
 stepped from a worker thread (ONNX Runtime releases the GIL). One `step()`
 advances *every* active sequence by one token, which is the seam where
 continuous batching lives and where the supervisor group-commits events.
+Admitting a sequence is cheap: its prompt is prefilled by the following
+steps, in bounded chunks between decode runs, so running streams never wait
+for a whole prompt; a sequence yields its first token once its prefill is done.
 """
 
 from __future__ import annotations
@@ -92,17 +95,26 @@ class Engine(Protocol):
         constraint: LogitsConstraint | None = None,
         generated_ids: Sequence[int] = (),
     ) -> None:
-        """Admit a sequence. `generated_ids` are tokens already sampled (resume after a crash):
-        they are prefilled with the prompt and the next draw uses token index len(generated_ids).
-        The caller has already fed them to `constraint`."""
+        """Admit a sequence (quick: validation only; EngineError if it cannot be, e.g. too long for the
+        context). Its prefill is done by the next steps. `generated_ids` are tokens already sampled
+        (resume after a crash): they are prefilled after the prompt and the next draw uses token index
+        len(generated_ids). The caller has already fed them to `constraint`."""
         ...
 
     def step(self) -> dict[str, TokenOutput]:
-        """Advance every active sequence by one token (blocking). Finished sequences are dropped."""
+        """Do a bounded share of the pending prefill work, then advance every prefilled sequence by one
+        token (blocking). Sequences still prefilling yield nothing; finished ones are dropped. A sequence
+        whose prefill failed is dropped too and reported by pop_failures(), never raised from here."""
+        ...
+
+    def pop_failures(self) -> dict[str, EngineError]:
+        """Sequences dropped since the last call because their prefill failed (ask after each step)."""
         ...
 
     def remove_sequence(self, seq_id: str) -> None:
-        """Forget a sequence (cancelled or abandoned); unknown ids are ignored."""
+        """Forget a sequence (cancelled or abandoned), prefilling or not; unknown ids are ignored."""
         ...
 
-    def active_sequence_ids(self) -> list[str]: ...
+    def active_sequence_ids(self) -> list[str]:
+        """Every admitted sequence not yet finished or removed, those still prefilling included."""
+        ...

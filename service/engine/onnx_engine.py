@@ -11,12 +11,25 @@ as both past input and present output, so GQA writes the cache in place: nothing
 With the standard Concat layout (Optimum exports) each sequence's cache stays as ORT-owned OrtValues
 passed from present to past, never through numpy.
 
-Batching: with the shared-buffer layout `step()` decodes all active sequences in one run at batch n
+Batching: with the shared-buffer layout `step()` decodes all decoding sequences in one run at batch n
 (right-padded attention mask; GQA reads each row's own length from it). Prefill and resume replay
 run at batch 1 in the sequence's slot. MatMulNBits (accuracy_level 4) quantizes activations per row
 block and every other op is row-wise, so a row's logits do not depend on the other rows of the batch;
 tests/test_engine_onnx.py checks this (token-exact), which is what makes a resume at batch 1
 reproduce a run that was decoded batched. The standard layout steps sequences one by one.
+
+Chunked prefill: add_sequence only validates and registers a sequence; its prompt (and, on resume, its
+generated tokens) is prefilled inside step(), first come first served, under a per-step token budget
+(`prefill_tokens`, SERVICE_PREFILL_CHUNK_TOKENS), before the step samples and decodes the sequences that
+are ready. So a long prompt arriving costs each running stream at most a budget's worth of prefill per
+token instead of the whole prompt, and a sequence yields its first token from the step its prefill
+ends in. Chunk boundaries never change a sampled bit: on shared-buffer graphs without sliding windows
+any run of 2+ tokens gives each row what any other such run gives it (a 1-token run takes the decode
+kernels), so the prompt is cut at the budget, never leaving one token alone; elsewhere (standard
+layout: dynamic int8 quantizes activations per call; sliding-window caches) the prompt goes in the
+same fixed chunks as always. Generated tokens are replayed one per call, as they were decoded.
+Prefilling sequences hold slots too; step() swaps slots so that the ready ones are 0..k-1 before it
+decodes them as one batch.
 
 Constraints: after a step has sampled (and fed every constraint its token), the next step's masks
 are computed in a worker thread while the model runs (llguidance releases the GIL), so grammar
@@ -45,6 +58,9 @@ from service.engine.prefix_cache import PrefixCache
 from service.engine.sampling import sample
 
 _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produce (full-logits graphs)
+# What one replayed token (a 1-token run) costs of the prefill budget: a run reads all the weights
+# whatever its length, so on CPU it costs about what a run of a few dozen prompt tokens costs.
+_REPLAY_COST = 16
 # Threads computing grammar masks beside the forward pass (each takes a share of the batch).
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 
@@ -63,6 +79,14 @@ class _Sequence:
     # Leading cache rows computed by runs of 2+ tokens (prefill): those equal, bit for bit, what any other
     # prefill of the same tokens computes; a 1-token run (decode) takes another kernel path and may not.
     prefilled: int = 0
+    # Still to prefill: the prompt, then the replayed generated tokens, from position `length` on.
+    pending: list[int] = field(default_factory=list)
+    prompt_len: int = 0
+
+    @property
+    def ready(self) -> bool:
+        """Prefilled: `logits` hold the next token's, so step() samples and decodes it."""
+        return self.length >= len(self.pending)
 
 
 class _SlotPool:
@@ -98,6 +122,12 @@ class _SlotPool:
         for arr in self.arrays:
             arr[dst, :, :length] = arr[src, :, :length]
 
+    def swap(self, a: int, b: int, len_a: int, len_b: int) -> None:
+        for arr in self.arrays:
+            keep = arr[a, :, :len_a].copy()
+            arr[a, :, :len_b] = arr[b, :, :len_b]
+            arr[b, :, :len_a] = keep
+
     def bind(self, io: ort.IOBinding, past_names: list[str], present_names: list[str], first: int, rows: int) -> None:
         for past, present, arr in zip(past_names, present_names, self.arrays, strict=True):
             shape = [rows, *arr.shape[1:]]
@@ -114,7 +144,13 @@ class OnnxEngine:
     """Implements service.engine.base.Engine over a decoder-with-past ONNX model directory."""
 
     def __init__(
-        self, model_dir: Path, *, intra_op_threads: int | None = None, max_batch: int = 32, prefix_cache_bytes: int = 0
+        self,
+        model_dir: Path,
+        *,
+        intra_op_threads: int | None = None,
+        max_batch: int = 32,
+        prefix_cache_bytes: int = 0,
+        prefill_tokens: int = 256,
     ) -> None:
         self.model_dir = Path(model_dir)
         meta = read_config(self.model_dir)
@@ -145,10 +181,15 @@ class OnnxEngine:
         self._prefill_chunk = (
             self.max_context if last_only else max(16, _PREFILL_LOGITS_BUDGET // self.config.vocab_size)
         )
-        self._seqs: dict[str, _Sequence] = {}
-        # Finished sequences' KV rows, reused by prompts that start with their tokens. Only for shared-buffer
-        # graphs without sliding windows: there a row's keys and values do not depend on its batch or chunk.
-        reusable = lay.shared_buffer and not windows and prefix_cache_bytes > 0
+        self._seqs: dict[str, _Sequence] = {}  # in arrival order: prefill is first come first served
+        # Prompt tokens (a replayed token counts _REPLAY_COST) one step prefills before it decodes.
+        self.prefill_tokens = max(2, prefill_tokens)
+        self._failed: dict[str, EngineError] = {}  # sequences whose prefill failed, until pop_failures()
+        # Shared-buffer graphs without sliding windows: a row's keys and values do not depend on its batch or
+        # chunk, so prompts may be cut anywhere (2+ tokens a run), and finished sequences' KV rows are reused
+        # by prompts that start with their tokens.
+        self._cut_anywhere = lay.shared_buffer and not windows
+        reusable = self._cut_anywhere and prefix_cache_bytes > 0
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
         self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
 
@@ -175,33 +216,26 @@ class OnnxEngine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"token id out of range for vocabulary of {vocab}")
         seq = _Sequence(params, constraint, [], 0, len(generated_ids), np.empty(0, np.float32))
+        seq.pending, seq.prompt_len = [int(t) for t in ids], len(prompt_ids)
         if params.frequency_penalty or params.presence_penalty:
             for token in generated_ids:
                 seq.counts[token] = seq.counts.get(token, 0) + 1
         self._acquire(seq)
         try:
-            cached = self._reuse_prefix(seq, list(prompt_ids))
-            # The prompt goes in the same chunks as in the original run and generated tokens one at a
-            # time, as they were decoded: dynamic int8 (quantize_dynamic, standard layout) quantizes
-            # activations per tensor per call, so only replaying the same calls reproduces the same
-            # logits bit for bit (and so the same draws) after a crash.
-            # Rows before `cached` came from the prefix cache; the rest of the prompt is prefilled up to the
-            # same chunk boundaries (a chunk of 2+ tokens gives each row what any such chunk gives it).
-            for start in range(0, len(prompt_ids), self._prefill_chunk):
-                chunk = list(prompt_ids[max(start, cached) : start + self._prefill_chunk])
-                if chunk:
-                    self._forward(seq, chunk)
-            for token in generated_ids:
-                self._forward(seq, [token])
+            self._reuse_prefix(seq, list(prompt_ids))  # rows before seq.length come from the prefix cache
         except BaseException:
             self._release(seq)
             raise
-        self._seqs[seq_id] = seq
+        self._seqs[seq_id] = seq  # prefilled by the next steps (see _prefill_some)
 
     def step(self) -> dict[str, TokenOutput]:
+        """Prefill newcomers within the budget, then sample every ready sequence and decode those going on."""
+        self._prefill_some()
         results: dict[str, TokenOutput] = {}
         going: list[tuple[_Sequence, int]] = []
         for seq_id, seq in list(self._seqs.items()):
+            if not seq.ready:
+                continue
             out = self._sample(seq)
             results[seq_id] = out
             if out.finish_reason is not None:
@@ -218,6 +252,7 @@ class OnnxEngine:
             shares = [constrained[i::_MASK_THREADS] for i in range(min(_MASK_THREADS, len(constrained)))]
             masks = [self._mask_thread.submit(_compute_masks, share) for share in shares]
         try:
+            self._pack_ready()
             self._decode(going)
         finally:
             for future in masks:
@@ -234,6 +269,7 @@ class OnnxEngine:
                 self._forward(seq, [token])
 
     def remove_sequence(self, seq_id: str) -> None:
+        self._failed.pop(seq_id, None)
         seq = self._seqs.pop(seq_id, None)
         if seq is not None:
             self._release(seq)
@@ -241,12 +277,73 @@ class OnnxEngine:
     def active_sequence_ids(self) -> list[str]:
         return list(self._seqs)
 
+    def pop_failures(self) -> dict[str, EngineError]:
+        failed, self._failed = self._failed, {}
+        return failed
+
+    def prefilling_sequence_ids(self) -> list[str]:
+        """Active sequences whose prefill is not done yet (they yield no token until it is)."""
+        return [seq_id for seq_id, seq in self._seqs.items() if not seq.ready]
+
     def kv_bytes_per_sequence(self) -> int:
         """Bytes of KV cache one sequence fills at its longest (what admission by memory budgets for)."""
         itemsize = self._pool.dtype.itemsize
         return sum(heads * rows * dim * itemsize for heads, rows, dim in self._pool.row_shapes)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _prefill_some(self) -> None:
+        """Spend up to one step's prefill budget on the sequences still prefilling, oldest first. A
+        sequence whose prefill raises is dropped and reported by pop_failures(); the others go on."""
+        spent = 0
+        for seq_id, seq in list(self._seqs.items()):
+            while not seq.ready and spent < self.prefill_tokens:
+                n = self._next_run(seq, self.prefill_tokens - spent)
+                if spent > 0 and n > self.prefill_tokens - spent:
+                    return  # a fixed chunk larger than what is left of the budget: next step
+                try:
+                    self._forward(seq, seq.pending[seq.length : seq.length + n])
+                except Exception as exc:
+                    del self._seqs[seq_id]
+                    self._release(seq)
+                    self._failed[seq_id] = exc if isinstance(exc, EngineError) else EngineError(f"prefill: {exc}")
+                    break
+                spent += n if n > 1 else _REPLAY_COST
+            if seq_id in self._seqs and seq.ready:
+                seq.pending = []  # done: `length` keeps counting from here
+            if spent >= self.prefill_tokens:
+                return
+
+    def _next_run(self, seq: _Sequence, room: int) -> int:
+        """How many of the sequence's pending tokens its next prefill run takes."""
+        position = seq.length
+        if position >= seq.prompt_len:
+            return 1  # a replayed generated token: one per run, as it was decoded
+        left = seq.prompt_len - position
+        if not self._cut_anywhere:
+            # The fixed chunk grid of a cold prefill: only the same calls reproduce the same logits here.
+            return min(seq.prompt_len, (position // self._prefill_chunk + 1) * self._prefill_chunk) - position
+        n = min(left, max(room, 2), self._prefill_chunk)
+        if left - n == 1:  # never leave one prompt token alone: a 1-token run takes the decode kernels
+            n = n - 1 if n > 2 else n + 1
+        return n
+
+    def _pack_ready(self) -> None:
+        """Keep ready sequences in the lowest slots (a decode batch is a run of consecutive slots): swap
+        the first prefilling slot with the last ready one until they are in order."""
+        slots = self._slots
+        low, high = 0, len(slots) - 1
+        while True:
+            while low < len(slots) and slots[low].ready:
+                low += 1
+            while high >= 0 and not slots[high].ready:
+                high -= 1
+            if low >= high:
+                return
+            a, b = slots[low], slots[high]
+            self._pool.swap(a.slot, b.slot, a.length, b.length)
+            a.slot, b.slot = high, low
+            slots[low], slots[high] = b, a
 
     def _sample(self, seq: _Sequence) -> TokenOutput:
         allowed = seq.constraint.allowed_token_ids() if seq.constraint is not None else None
@@ -268,13 +365,12 @@ class OnnxEngine:
     def _reuse_prefix(self, seq: _Sequence, ids: list[int]) -> int:
         """Copy the longest cached prefix of the prompt `ids` into the sequence's slot, leaving at least
         its last two tokens to prefill (one alone would take the decode kernels and differ in the last
-        bits from a cold prefill); returns how many tokens the copy covers."""
+        bits from a cold prefill; _next_run never leaves one alone either); returns how many tokens the
+        copy covers."""
         if self.prefix_cache is None:
             return 0
         common, entry = self.prefix_cache.match(ids)
         n = min(common, len(ids) - 2)
-        if n % self._prefill_chunk == self._prefill_chunk - 1:
-            n -= 1  # nor one alone at the end of a prefill chunk
         if entry is None or n <= 0:
             return 0
         for arr, rows in zip(self._pool.arrays, entry.rows, strict=True):
