@@ -73,6 +73,14 @@ def run_to_end(engine: OnnxEngine) -> dict[str, list[int]]:
     raise AssertionError("engine never finished")
 
 
+def prefilled_logits(engine: OnnxEngine, seq_id: str) -> np.ndarray:
+    """Finish a just-added sequence's prefill (which step() does before it samples) and return the
+    logits its next token will be sampled from."""
+    while not engine._seqs[seq_id].ready:
+        engine._prefill_some()
+    return engine._seqs[seq_id].logits
+
+
 def prompt(n: int, start: int = 3) -> list[int]:
     return [(start + 37 * i) % SMALL.vocab_size for i in range(n)]
 

@@ -19,6 +19,7 @@ from tests.engine_fixtures import (
     contrib_fp32_dir,
     contrib_int8_dir,
     greedy,
+    prefilled_logits,
     prompt,
     run_to_end,
     small_fp32_dir,
@@ -91,7 +92,7 @@ def test_contrib_fp32_graph_matches_numpy_reference(contrib_fp32_dir: Path) -> N
     errs = []
     for k in (0, 5, 17):  # resume replays k generated tokens one by one after the prompt
         eng.add_sequence("s", ids[:20], greedy(30), generated_ids=ids[20 : 20 + k])
-        errs.append(float(np.abs(eng._seqs["s"].logits - ref[19 + k]).max()))
+        errs.append(float(np.abs(prefilled_logits(eng, "s") - ref[19 + k]).max()))
         eng.remove_sequence("s")
     print(f"contrib fp32 vs numpy reference: max abs logit error {max(errs):.2e}")
     assert max(errs) < ABS_TOL
@@ -122,7 +123,7 @@ def test_int8_agrees_with_fp32_greedy(fp32_fixture: str, int8_fixture: str, requ
         for k in range(len(path)):
             fp32.add_sequence("x", p, greedy(len(path) + 1), generated_ids=path[:k])
             int8.add_sequence("x", p, greedy(len(path) + 1), generated_ids=path[:k])
-            lf, li = fp32._seqs["x"].logits, int8._seqs["x"].logits
+            lf, li = prefilled_logits(fp32, "x"), prefilled_logits(int8, "x")
             max_err = max(max_err, float(np.abs(lf - li).max()))
             agree += int(np.argmax(lf) == np.argmax(li))
             total += 1

@@ -28,6 +28,7 @@ from service.engine.config import DecoderConfig  # noqa: E402
 from service.engine.gptoss import GptOssSpec  # noqa: E402
 from service.engine.graph_gptoss import write_gptoss_model  # noqa: E402
 from service.engine.onnx_engine import OnnxEngine  # noqa: E402
+from tests.engine_fixtures import prefilled_logits  # noqa: E402
 
 WINDOW = 8
 PROMPT = [5 + (7 * i) % 500 for i in range(12)]  # longer than the window: prefill crosses it too
@@ -93,7 +94,7 @@ def _greedy_run(model_dir: Path) -> tuple[list[int], np.ndarray]:
     tokens: list[int] = []
     logits: list[np.ndarray] = []
     while engine.active_sequence_ids():
-        logits.append(engine._seqs["a"].logits.copy())
+        logits.append(prefilled_logits(engine, "a").copy())
         tokens.append(engine.step()["a"].token_id)
     return tokens, np.stack(logits)
 
@@ -185,6 +186,7 @@ def test_quantized_top1_agreement_is_reported(hf_model: tuple[Any, Path], tmp_pa
     ref = _reference_logits(model, tokens)
     engine = OnnxEngine(_ours(model, tmp_path / f"q{bits}", bits), intra_op_threads=1)
     engine.add_sequence("a", PROMPT, SamplingParams(max_new_tokens=NEW_TOKENS + 1, temperature=0.0))
+    prefilled_logits(engine, "a")
     quant = []
     for token in tokens:
         quant.append(engine._seqs["a"].logits.copy())
