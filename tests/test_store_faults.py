@@ -152,12 +152,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def _fill(disk: Path) -> Path:
     filler = disk / "filler"
-    with filler.open("wb") as out:
+    # Unbuffered: a buffered file would still hold bytes when the disk is full, and its close() would
+    # raise ENOSPC trying to flush them.
+    with filler.open("wb", buffering=0) as out:
         chunk = b"\0" * (1 << 16)
         try:
             while True:
                 out.write(chunk)
-                out.flush()
         except OSError:
             pass
     return filler
