@@ -26,10 +26,13 @@ OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 def _history(client: openai.OpenAI) -> tuple[str, list[Any]]:
-    """A three-turn chain; returns the last response id and the model id."""
+    """A three-turn chain; returns the last response id and the model id. Seeded: what the random model
+    writes decides how much compaction saves, so an unseeded chain would make the token counts a draw."""
     previous: str | None = None
-    for text in ("My name is Bo.", "I live in Oslo.", "I like tea."):
-        response = client.responses.create(input=text, previous_response_id=previous, max_output_tokens=24)
+    for seed, text in enumerate(("My name is Bo.", "I live in Oslo.", "I like tea.")):
+        response = client.responses.create(
+            input=text, previous_response_id=previous, max_output_tokens=24, extra_body={"seed": seed}
+        )
         assert response.status in ("completed", "incomplete")
         previous = response.id
     assert previous is not None
