@@ -17,7 +17,6 @@ from service.engine.base import LogitsConstraint
 from service.projection import apply, project
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PromptRequest
 from service.protocol import TERMINAL_EVENT_TYPES
-from service.store import event_log
 from service.store.recorder import RunWrite
 from service.stream_builder import Ending, StreamBuilder
 from service.tool_state import Segment
@@ -170,11 +169,6 @@ def replay_run(
         segment=segment,
         constraint=constraint,
     )
-
-
-def stored(response_id: str, event: dict[str, Any]) -> event_log.StoredEvent:
-    """A committed event as readers of the log see it (position is not needed to stream it)."""
-    return event_log.StoredEvent(0, response_id, event["sequence_number"], event["type"], event_log.encode(event))
 
 
 def sampling_fact(

@@ -29,7 +29,7 @@ from service.notify import Notifier
 from service.projection import project
 from service.prompting.base import MalformedOutput
 from service.protocol import TERMINAL_EVENT_TYPES
-from service.run_state import ActiveRun, prompt_request_from_fact, replay_run, stored
+from service.run_state import ActiveRun, prompt_request_from_fact, replay_run
 from service.store import event_log, leases, recorder
 from service.store.db import checkpoint_when_idle
 from service.store.faults import backoff_seconds, is_transient
@@ -543,7 +543,7 @@ class RunSupervisor:
         except Exception:
             log.exception("could not record the failure of run %s", response_id)
             return
-        await self.notifier.publish([response_id], {response_id: [stored(response_id, e) for e in write.events]})
+        await self.notifier.publish([response_id], {response_id: [event_log.live(e) for e in write.encoded_events()]})
 
     def _resolve_waiters(self, writes: list[RunWrite], lost: set[str]) -> None:
         for write in writes:

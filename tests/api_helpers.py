@@ -9,6 +9,13 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
+# Server settings under which a finished response's stream is compacted (stream_record) within a second.
+COMPACT_AT_ONCE = {
+    "SERVICE_LOG_COMPACTION_GRACE_SECONDS": "0",
+    "SERVICE_REPLAY_WINDOW_SECONDS": "0",
+    "SERVICE_RETENTION_SWEEP_SECONDS": "0.2",
+}
+
 
 def client_for(url: str) -> OpenAI:
     return OpenAI(base_url=url + "/v1", api_key="test-key", max_retries=0, timeout=120)

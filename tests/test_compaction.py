@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from service import compaction
 from service.errors import InvalidRequest
 from service.tools.secrets import new_key
-from tests.api_helpers import client_for, sql_rows
+from tests.api_helpers import COMPACT_AT_ONCE, client_for, sql_rows
 from tests.conftest import ServerProcess
 from tests.faults import assert_doctor_clean_and_projections_rebuild, doctor
 
@@ -223,12 +223,7 @@ def test_managed_response_carries_its_compaction_item(database_url: str, server_
     server.stop()
 
     # After the replay window its stream is compacted to a token record and still replays byte for byte.
-    server = server_factory(
-        database_url,
-        SERVICE_LOG_COMPACTION_GRACE_SECONDS="0",
-        SERVICE_REPLAY_WINDOW_SECONDS="0",
-        SERVICE_RETENTION_SWEEP_SECONDS="0.2",
-    ).start()
+    server = server_factory(database_url, **COMPACT_AT_ONCE).start()
     recorded = "SELECT kind FROM run_facts WHERE response_id = :rid AND kind IN ('token_record', 'not_compactable')"
     deadline = time.monotonic() + 60
     while not sql_rows(database_url, recorded, rid=response_id) and time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from service.prompting.harmony import HarmonyFormat
 from service.store import event_log
 from service.store.db import create_engine, migrate
 from service.stream_record import StreamReader, decode_record, encode_record
-from tests.api_helpers import client_for, sql_rows
+from tests.api_helpers import COMPACT_AT_ONCE, client_for, sql_rows
 from tests.conftest import ServerProcess
 from tests.faults import assert_doctor_clean_and_projections_rebuild
 
@@ -70,12 +70,7 @@ def test_compacted_streams_replay_byte_identical(database_url: str, server_facto
     )
     ((tampered_events,),) = sql_rows(database_url, "SELECT COUNT(*) FROM events WHERE response_id = :r", r=tampered)
 
-    server = server_factory(
-        database_url,
-        SERVICE_LOG_COMPACTION_GRACE_SECONDS="0",
-        SERVICE_REPLAY_WINDOW_SECONDS="0",
-        SERVICE_RETENTION_SWEEP_SECONDS="0.2",
-    ).start()
+    server = server_factory(database_url, **COMPACT_AT_ONCE).start()
     marked = "SELECT COUNT(*) FROM run_facts WHERE kind IN ('token_record', 'not_compactable')"
     deadline = time.monotonic() + 60
     while sql_rows(database_url, marked)[0][0] < len(ids) + 1 and time.monotonic() < deadline:
