@@ -125,3 +125,29 @@ async def test_a_rolled_back_step_is_forgotten(db: AsyncEngine) -> None:
     # The memory says [1, 2], the log [1]: the guarded UPDATE does not apply, and the writer reads the log.
     await _step(db, [("resp_a", "tokens", {"ids": [3]})], chunks)
     assert await _facts(db, "resp_a") == [("tokens", {"ids": [1, 3]})]
+
+
+async def test_one_write_extends_every_remembered_chunk_in_one_statement(db: AsyncEngine) -> None:
+    runs = [f"resp_{i}" for i in range(5)]
+    chunks = TokenChunks()
+    await _step(db, [(rid, "tokens", {"ids": [1]}) for rid in runs], chunks)
+    # resp_3's memory goes stale: a step of it landed unheard.
+    async with db.begin() as connection:
+        await token_facts.append_tokens(connection, "resp_3", [{"ids": [2]}], datetime.now(UTC))
+    updates: list[int] = []
+
+    def record(_conn: object, _cursor: object, statement: str, params: object, *_args: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE") and "run_facts" in statement:
+            updates.append(len(params) if isinstance(params, list) else 1)
+
+    sa.event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        await _step(db, [(rid, "tokens", {"ids": [3]}) for rid in runs], chunks)
+    finally:
+        sa.event.remove(db.sync_engine, "before_cursor_execute", record)
+    # One executemany for the five remembered chunks, then resp_3 alone by reading the log.
+    assert updates == [5, 1], updates
+    for rid in runs:
+        expected = [1, 2, 3] if rid == "resp_3" else [1, 3]
+        assert await _facts(db, rid) == [("tokens", {"ids": expected})]
+        assert chunks.get(rid) == await _chunk_in_log(db, rid)

@@ -139,8 +139,7 @@ async def append_facts(
         )
         if chunks is not None:
             chunks.forget([rid])  # its last chunk is no longer its last fact
-    for rid, facts in tokens.items():
-        await token_facts.append_tokens(connection, rid, facts, now, chunks)
+    await token_facts.append_token_groups(connection, tokens, now, chunks)
 
 
 async def read_events(

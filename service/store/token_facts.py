@@ -10,7 +10,7 @@ row per step would cost more bytes (response id, index entry, timestamp) than th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -134,6 +134,49 @@ async def append_tokens(
     )
     if chunks is not None and result.inserted_primary_key is not None:
         chunks.remember(response_id, Chunk(int(result.inserted_primary_key[0]), encoded, data))
+
+
+async def append_token_groups(
+    connection: AsyncConnection,
+    groups: Mapping[str, Sequence[dict[str, Any]]],
+    now: datetime,
+    chunks: TokenChunks | None = None,
+) -> None:
+    """Log one write's `tokens` facts of many runs (`append_tokens` for each), extending every remembered
+    chunk in one executemany: one round trip per group commit, not one per run. The guard still decides
+    each row; the rows it refused (a stale memory) go the way of `append_tokens` without memory."""
+    extends: list[tuple[str, Chunk, Chunk]] = []  # (run, as remembered, as extended)
+    for response_id, facts in groups.items():
+        known = chunks.get(response_id) if chunks is not None else None
+        if known is None or len(known.data) >= CHUNK_CHARS:
+            await append_tokens(connection, response_id, facts, now, chunks)
+            continue
+        payload = merge_token_facts([known.payload, merge_token_facts(facts)])
+        extends.append((response_id, known, Chunk(known.position, _encode(payload), payload)))
+    if not extends:
+        return
+    assert chunks is not None
+    params = [{"chunk": old.position, "old": old.data, "run": rid, "new": new.data} for rid, old, new in extends]
+    result = await connection.execute(_EXTEND, params)
+    counted = len(extends) == 1 or connection.dialect.supports_sane_multi_rowcount
+    if counted and result.rowcount == len(extends):
+        applied = {rid for rid, _, _ in extends}
+    elif len(extends) == 1:
+        applied = set()
+    else:  # some guard refused, or the driver cannot count an executemany's rows (asyncpg): see what landed
+        rows = await connection.execute(
+            sa.select(run_facts.c.position, run_facts.c.data).where(
+                run_facts.c.position.in_([old.position for _, old, _ in extends])
+            )
+        )
+        stored = {position: data for position, data in rows}
+        applied = {rid for rid, old, new in extends if stored.get(old.position) == new.data}
+    for response_id, _, new in extends:
+        if response_id in applied:
+            chunks.remember(response_id, new)
+        else:
+            chunks.forget([response_id])
+            await append_tokens(connection, response_id, groups[response_id], now, chunks)
 
 
 async def count_tokens(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
