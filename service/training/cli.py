@@ -10,7 +10,7 @@ from pathlib import Path
 
 _OPTIONS = (
     "seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "intermediate_size", "threads",
-    "copy_weight",
+    "copy_weight", "drills",
 )  # fmt: skip
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -209,18 +210,35 @@ def _history(rng: np.random.Generator) -> list[ConversationItem]:
     return items
 
 
-def make_sample(rng: np.random.Generator) -> Sample:
+@dataclass(frozen=True)
+class _Context:
+    """What a sample's request holds besides its last turn: effort, instructions, tools, earlier turns."""
+
+    effort: Effort
+    instructions: str | None
+    uses: list[_ToolUse]
+    items: list[ConversationItem]
+
+    def request(self, extra: list[ConversationItem]) -> PromptRequest:
+        tools: tuple[FunctionTool, ...] = tuple(u.spec.schema() for u in self.uses)
+        return PromptRequest(
+            items=self.items + extra, instructions=self.instructions, tools=tools, reasoning_effort=self.effort
+        )
+
+
+def _context(rng: np.random.Generator) -> _Context:
     effort = EFFORTS[int(rng.integers(3))]
     instructions = _pick(rng, words.INSTRUCTIONS) if rng.random() < 0.35 else None
     n_tools = int(rng.choice([0, 1, 1, 2, 2, 3, 3, 4]))
     order = rng.permutation(len(TOOLS))[:n_tools]
     uses = [_random_tool_use(rng, TOOLS[int(i)]) for i in order]
-    tools: tuple[FunctionTool, ...] = tuple(u.spec.schema() for u in uses)
-    items = _history(rng)
-    r = rng.random()
+    return _Context(effort, instructions, uses, _history(rng))
 
-    def request(extra: list[ConversationItem]) -> PromptRequest:
-        return PromptRequest(items=items + extra, instructions=instructions, tools=tools, reasoning_effort=effort)
+
+def make_sample(rng: np.random.Generator) -> Sample:
+    ctx = _context(rng)
+    effort, uses, request = ctx.effort, ctx.uses, ctx.request
+    r = rng.random()
 
     if uses and r < 0.6:
         use = uses[int(rng.integers(len(uses)))]
@@ -234,20 +252,7 @@ def make_sample(rng: np.random.Generator) -> Sample:
         if r < 0.3:
             steps = (Step("analysis", think), Step("call", arguments, use.name))
             return Sample(request([_user(user)]), steps, "call", tool=use.name, argument=(use.param, use.value))
-        output = use.spec.output(rng, use.value)
-        call_id = f"call_{int(rng.integers(1 << 30)):x}"
-        turn: list[ConversationItem] = [_user(user)]
-        if rng.random() < 0.5:  # the ongoing turn's reasoning is kept (clients send it back, or not)
-            turn.append({"type": "reasoning", "content": [{"type": "reasoning_text", "text": think}], "summary": []})
-        turn.append({"type": "function_call", "call_id": call_id, "name": use.name, "arguments": arguments})
-        turn.append({"type": "function_call_output", "call_id": call_id, "output": json.dumps(output)})
-        salient = str(output[use.spec.salient])
-        answer = _pick(rng, use.spec.answers).format(v=use.value, **output)
-        think = _reasoning(  # the salient value first: copied from the tool output, then again in the answer
-            [f"The {use.spec.salient} is {salient}.", f"The tool returned {topic}.", "I will tell the user."], effort
-        )
-        steps = (Step("analysis", think), Step("final", answer))
-        return Sample(request(turn), steps, "after_tool", salient=salient)
+        return _after_tool(rng, use, user, arguments, topic, effort, request)
     if r < 0.75:
         # A request for something no given tool does: say so, without a call.
         names = {u.spec.name for u in uses}
@@ -271,9 +276,89 @@ def make_sample(rng: np.random.Generator) -> Sample:
     return Sample(request([_user(user)]), steps, "answer")
 
 
+def _after_tool(
+    rng: np.random.Generator,
+    use: _ToolUse,
+    user: str,
+    arguments: str,
+    topic: str,
+    effort: Effort,
+    request: Callable[[list[ConversationItem]], PromptRequest],
+    output: dict[str, Any] | None = None,
+) -> Sample:
+    """The turn after a call's result: the answer copies the output's salient value. `output`: the tool's
+    result, else drawn from `rng`."""
+    think = _reasoning(
+        [f"The user wants {topic}.", f"The {use.name} tool can get it.", f"Call it with {use.param} {use.value}."],
+        effort,
+    )
+    if output is None:
+        output = use.spec.output(rng, use.value)
+    call_id = f"call_{int(rng.integers(1 << 30)):x}"
+    turn: list[ConversationItem] = [_user(user)]
+    if rng.random() < 0.5:  # the ongoing turn's reasoning is kept (clients send it back, or not)
+        turn.append({"type": "reasoning", "content": [{"type": "reasoning_text", "text": think}], "summary": []})
+    turn.append({"type": "function_call", "call_id": call_id, "name": use.name, "arguments": arguments})
+    turn.append({"type": "function_call_output", "call_id": call_id, "output": json.dumps(output)})
+    salient = str(output[use.spec.salient])
+    answer = _pick(rng, use.spec.answers).format(v=use.value, **output)
+    think = _reasoning(  # the salient value first: copied from the tool output, then again in the answer
+        [f"The {use.spec.salient} is {salient}.", f"The tool returned {topic}.", "I will tell the user."], effort
+    )
+    steps = (Step("analysis", think), Step("final", answer))
+    return Sample(request(turn), steps, "after_tool", salient=salient)
+
+
 def make_samples(seed: int, count: int) -> list[Sample]:
     rng = np.random.default_rng(seed)
     return [make_sample(rng) for _ in range(count)]
+
+
+# Tools whose salient output is a number: the values the built-in model fails to copy (model card).
+_NUMERIC = tuple(t for t in TOOLS if t.salient in {"temperature", "time", "price", "rate", "population"})
+
+
+def _lookup_drill(rng: np.random.Generator) -> Sample:
+    """A user turn states two or three numbers by name and asks for one: the answer copies it, the
+    lookup an answer after a tool result needs, with no tool around it."""
+    specs = [_NUMERIC[int(i)] for i in rng.permutation(len(_NUMERIC))[: int(rng.integers(2, 4))]]
+    facts = [(s.salient, str(s.output(rng, _pick(rng, s.values))[s.salient])) for s in specs]
+    key, value = facts[int(rng.integers(len(facts)))]
+    effort = EFFORTS[int(rng.integers(3))]
+    ask = _pick(rng, ["What is the {k}?", "Tell me the {k}.", "So what is the {k}?", "Which {k} did I say?"])
+    user = " ".join(f"The {k} is {v}." for k, v in facts) + " " + ask.format(k=key)
+    think = _reasoning([f"The {key} is {value}.", f"The user asks for the {key}.", "I will tell the user."], effort)
+    answer = _pick(rng, ["The {k} is {v}.", "It is {v}.", "You said the {k} is {v}."]).format(k=key, v=value)
+    request = PromptRequest(items=[_user(user)], instructions=None, tools=(), reasoning_effort=effort)
+    return Sample(request, (Step("analysis", think), Step("final", answer)), "answer")
+
+
+def _contrast_pair(rng: np.random.Generator) -> list[Sample]:
+    """Two answers after a tool result that differ only in the tool's output (same request, history,
+    call and wording): only the output's value tells them apart, so only copying it lowers the loss."""
+    ctx = _context(rng)
+    if not ctx.uses:
+        return []
+    use = ctx.uses[int(rng.integers(len(ctx.uses)))]
+    topic = use.spec.topic.format(v=use.value)
+    user = _tool_request(rng, use)
+    arguments = json.dumps({use.param: use.value})
+    seed = int(rng.integers(1 << 62))
+    outputs = [use.spec.output(rng, use.value) for _ in range(2)]
+    return [
+        _after_tool(np.random.default_rng(seed), use, user, arguments, topic, ctx.effort, ctx.request, output)
+        for output in outputs
+    ]
+
+
+def make_drills(seed: int, count: int) -> list[Sample]:
+    """Copy drills added to the corpus (`TrainConfig.drills`): lookups in a user turn and after-tool
+    contrast pairs, half each. Drawn from their own seed, so the corpus's samples stay as they are."""
+    rng = np.random.default_rng(seed)
+    out: list[Sample] = []
+    while len(out) < count:
+        out += [_lookup_drill(rng)] if rng.random() < 0.5 else _contrast_pair(rng)
+    return out[:count]
 
 
 class Renderer:

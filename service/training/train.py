@@ -14,9 +14,10 @@ from tqdm import tqdm
 
 from service.engine.config import DecoderConfig
 from service.training.config import TrainConfig
-from service.training.corpus import Renderer, make_samples
+from service.training.corpus import Renderer, make_drills, make_samples
 from service.training.model import Decoder
 
+DRILL_SEED_OFFSET = 1_000_003  # the drills' seed: far from the held-out seed (424242) and the corpus's
 UNK = 0  # compact index of every id the corpus never uses (inputs only: it is never a target)
 
 
@@ -41,11 +42,11 @@ class Corpus:
     target_ids: np.ndarray
 
 
-def build_corpus(seed: int, count: int, renderer: Renderer | None = None) -> Corpus:
+def build_corpus(seed: int, count: int, renderer: Renderer | None = None, drills: int = 0) -> Corpus:
     renderer = renderer or Renderer()
     rendered = []
     copied = []
-    for sample in make_samples(seed, count):
+    for sample in make_samples(seed, count) + make_drills(seed + DRILL_SEED_OFFSET, drills):
         completion, marks = renderer.marked_completion(sample.completion, sample.salient)
         rendered.append((renderer.prompt(sample), completion))
         copied.append(np.array(marks, dtype=bool))
@@ -115,8 +116,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     started = time.monotonic()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    log(f"rendering {cfg.samples} synthetic conversations (seed {cfg.seed})")
-    corpus = build_corpus(cfg.seed, cfg.samples)
+    log(f"rendering {cfg.samples} synthetic conversations and {cfg.drills} copy drills (seed {cfg.seed})")
+    corpus = build_corpus(cfg.seed, cfg.samples, drills=cfg.drills)
     vocab_size = len(corpus.vocab_ids) + 1
     decoder = cfg.decoder(vocab_size)
     max_len = max(len(s) for s in corpus.sequences)
