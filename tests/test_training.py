@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from service.engine.onnx_engine import OnnxEngine
 from service.engine.sampling import bitmask_to_bool
 from service.prompting.base import ItemStarted
 from service.training.config import TrainConfig
-from service.training.corpus import Renderer, make_samples
+from service.training.corpus import Renderer, make_drills, make_samples
 from service.training.stats import number_tokens, rarest_token_counts, salient_number_counts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -58,6 +59,29 @@ def test_completions_are_what_the_server_constrains_and_parses() -> None:
             assert kinds == ["reasoning", "function_call"] and started[1].name == sample.tool
         else:
             assert kinds == ["reasoning", "message"]
+
+
+def test_copy_drills_render_as_served_and_contrast_pairs_differ_only_in_the_tool_output() -> None:
+    renderer = Renderer()
+    drills = make_drills(7, 60)
+    assert len(drills) == 60 and {d.kind for d in drills} == {"answer", "after_tool"}
+    for drill in drills:
+        assert renderer.prompt(drill) == renderer.fmt.render(drill.request)
+        assert renderer.completion(drill.completion)[-1] in renderer.fmt.stop_token_ids()
+    lookups = [d for d in drills if d.kind == "answer"]
+    for drill in lookups:  # the answer copies one of the numbers the user stated
+        content = drill.request.items[-1]["content"]
+        user = content if isinstance(content, str) else content[0]["text"]
+        number = re.search(r"-?\d+(?:[.:]\d+)?", drill.completion[-1].text)
+        assert number is not None
+        assert f" {number.group()}." in user or f" {number.group()} " in user
+    after = [d for d in drills if d.kind == "after_tool"]
+    pairs = [(a, b) for a, b in zip(after, after[1:], strict=False) if a.request.items[:-1] == b.request.items[:-1]]
+    assert len(pairs) >= 5
+    for a, b in pairs:
+        assert a.request.items[-1]["output"] != b.request.items[-1]["output"] or a.salient == b.salient
+        assert a.salient in a.completion[-1].text and b.salient in b.completion[-1].text
+    assert make_samples(1, 50) == make_samples(1, 50)  # drills draw from their own generator
 
 
 def test_the_copy_mask_marks_exactly_the_tool_value_tokens() -> None:
