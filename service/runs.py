@@ -90,6 +90,7 @@ class RunSupervisor:
         self._tool_tasks: set[asyncio.Task[None]] = set()
         self._commit_waiters: dict[int, list[asyncio.Future[bool]]] = {}  # id(RunWrite) -> waiters
         self._chunks = TokenChunks()  # each run's last token chunk: extended without reading it back
+        self._admission_failing = False  # the last claim met a store outage (logged once, not per retry)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,7 +147,7 @@ class RunSupervisor:
                 # Look for work when woken (new run, cancel) or every claim interval; not every step.
                 if self._wake.is_set() or time.monotonic() >= next_claim:
                     self._wake.clear()
-                    await self._admit()
+                    await self._admit_unless_store_down()
                     next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
                     await self._drain(wait=True)
@@ -186,6 +187,23 @@ class RunSupervisor:
         if wait and self._inflight is not None:
             inflight, self._inflight = self._inflight, None
             await inflight
+
+    async def _admit_unless_store_down(self) -> None:
+        """Admit runs; an outage only postpones admission, so the loop goes on stepping the active runs
+        and their group commits wait it out (and fail foreground runs past the limit) as they do for any
+        outage, whichever statement met it first."""
+        try:
+            await self._admit()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if not self._admission_failing:
+                log.warning("store unavailable while admitting runs (%s); admission waits for it", exc)
+            self._admission_failing = True
+            return
+        if self._admission_failing:
+            log.info("admission resumed")
+        self._admission_failing = False
 
     async def _admit(self) -> None:
         await self._drain(wait=True)

@@ -32,11 +32,13 @@ def _stream(url: str, body: dict[str, Any], out: list[dict[str, Any]], started: 
     started.set()
 
 
-def _run_streams(url: str, count: int, cut: Callable[[], None]) -> list[list[dict[str, Any]]]:
+def _run_streams(
+    url: str, count: int, cut: Callable[[], None], body: dict[str, Any] = REQUEST
+) -> list[list[dict[str, Any]]]:
     streams: list[list[dict[str, Any]]] = [[] for _ in range(count)]
     started = [threading.Event() for _ in range(count)]
     threads = [
-        threading.Thread(target=_stream, args=(url, REQUEST, streams[i], started[i]), daemon=True) for i in range(count)
+        threading.Thread(target=_stream, args=(url, body, streams[i], started[i]), daemon=True) for i in range(count)
     ]
     for thread in threads:
         thread.start()
@@ -51,8 +53,10 @@ def _run_streams(url: str, count: int, cut: Callable[[], None]) -> list[list[dic
 def test_a_short_outage_is_waited_out(proxied_postgres: tuple[str, FaultProxy], server_factory: ServerFactory) -> None:
     url, proxy = proxied_postgres
     server = server_factory(url).start()
-    reference = raw_events(server.url, client_for(server.url).responses.create(**_sdk(REQUEST)).id)
-    streams = _run_streams(server.url, 4, lambda: proxy.cut(3.0))
+    # Long enough that the runs are still writing when the cut starts, even on a loaded machine.
+    body = {**REQUEST, "max_output_tokens": 800}
+    reference = raw_events(server.url, client_for(server.url).responses.create(**_sdk(body)).id)
+    streams = _run_streams(server.url, 4, lambda: proxy.cut(3.0), body)
     assert proxy.cuts == 1
     for events in streams:
         assert_well_formed_stream(events)
