@@ -3,7 +3,8 @@
 torch.onnx.export (and Optimum, which uses it) keeps a parameter's name on its initializer only where
 the graph uses the parameter as it is: embeddings, norm gains, biases. A Linear's weight is folded to
 its transpose ([in, out]) under a generated name (`onnx::MatMul_123`), and initializers with equal
-values are merged into one (every norm gain of a freshly initialised model, zero biases). What still
+values are merged into one, the others becoming Identity nodes of it (every norm gain of a freshly
+initialised model, zero biases). What still
 names them is the consuming node's scope: `/model/layers.0/self_attn/q_proj/MatMul` reads
 `model.layers.0.self_attn.q_proj.weight`. So a weight is found by its initializer's name first, then
 by the scope of the node that reads it. Nothing is guessed: a weight found neither way is missing.
@@ -89,12 +90,16 @@ def weights_from_export(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
     Initializer names win over node scopes: the name is what torch gave the parameter itself."""
     consts = {t.name: t for t in _initializers(model.graph) if t.data_type in _FLOATS}
+    nodes = list(_nodes(model.graph))
+    for node in nodes:  # merged duplicates: each parameter's own name is an Identity of the one kept
+        if node.op_type == "Identity" and node.input[0] in consts:
+            consts[node.output[0]] = consts[node.input[0]]
     found: dict[str, np.ndarray] = {}
-    for node in _nodes(model.graph):
+    for node in nodes:
         for name, array in _by_scope(node, consts):
             found.setdefault(name, array)
-    for t in consts.values():
-        named = hf_name(t.name)
+    for value_name, t in consts.items():
+        named = hf_name(value_name)
         if named is not None and named.endswith((".weight", ".bias")):
             found[named] = _float(t)
     return found
