@@ -129,6 +129,21 @@ def test_weights_are_found_through_the_node_scope(small_fp32_dir: Path, tmp_path
         np.testing.assert_allclose(next_token_logits(dst, ids), next_token_logits(small_fp32_dir, ids), atol=1e-3)
 
 
+def test_weights_in_a_merged_decoders_subgraphs_are_found(small_fp32_dir: Path, tmp_path: Path) -> None:
+    """Optimum's merged decoder keeps the initializers at the top and the nodes in an If's branches."""
+    _torch_like(small_fp32_dir, tmp_path / "export")
+    model = onnx.load(str(tmp_path / "export" / MODEL_FILE))
+    outputs = [o.name for o in model.graph.output]
+    branch = helper.make_graph(list(model.graph.node), "branch", [], list(model.graph.output))
+    merged = helper.make_node("If", ["use_cache_branch"], outputs, then_branch=branch, else_branch=branch)
+    del model.graph.node[:]
+    model.graph.node.append(merged)
+    found = weights_from_export(model)
+    want = random_weights(SMALL, SEED)
+    assert sorted(found) == sorted(want)
+    assert all(np.array_equal(found[k], want[k]) for k in want)
+
+
 def test_hf_names_from_scopes_and_wrapped_names() -> None:
     assert hf_name("/model/layers.0/self_attn/q_proj") == "model.layers.0.self_attn.q_proj"
     assert hf_name("m.model.layers.3.input_layernorm.weight") == "model.layers.3.input_layernorm.weight"
