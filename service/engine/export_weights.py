@@ -55,7 +55,7 @@ def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 def _float(t: onnx.TensorProto) -> np.ndarray:
-    return numpy_helper.to_array(t).astype(np.float32)
+    return numpy_helper.to_array(t).astype(np.float32, copy=False)
 
 
 def _by_scope(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto]) -> Iterator[tuple[str, np.ndarray]]:
