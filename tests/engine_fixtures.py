@@ -89,4 +89,41 @@ def greedy(max_new: int = 20, **kw: object) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new, temperature=0.0, **kw)  # type: ignore[arg-type]
 
 
+def sampled(max_new: int = 30, seed: int = 5, **kw: object) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new, temperature=1.0, top_p=0.95, seed=seed, **kw)  # type: ignore[arg-type]
+
+
+def assert_batch_invariant(model_dir: Path, threads: int = 1) -> None:
+    """Sequences admitted, stepped together and dropped at different steps draw exactly what each draws
+    decoded alone: same tokens, same logprobs, bit for bit."""
+    rng = np.random.default_rng(3)
+    lengths, starts, news = rng.integers(1, 30, 9), rng.integers(0, 900, 9), rng.integers(2, 14, 9)
+    specs = [
+        (prompt(int(n), start=int(s)), sampled(int(m), seed=i, top_logprobs=3))
+        for i, (n, s, m) in enumerate(zip(lengths, starts, news, strict=True))
+    ]
+    alone: dict[str, list[object]] = {}
+    for i, (ids, params) in enumerate(specs):
+        eng = OnnxEngine(model_dir, intra_op_threads=threads)
+        eng.add_sequence(str(i), ids, params)
+        alone[str(i)] = [o for _ in range(params.max_new_tokens) for o in eng.step().values()]
+    together = OnnxEngine(model_dir, intra_op_threads=threads)
+    got: dict[str, list[object]] = {}
+    pending = list(enumerate(specs))
+    steps = 0
+    while pending or together.active_sequence_ids():
+        if pending and steps % 2 == 0:  # admit one every other step: batches grow, shrink and reshuffle slots
+            i, (ids, params) = pending.pop(0)
+            together.add_sequence(str(i), ids, params)
+        if steps == 3:
+            together.add_sequence("dropped", prompt(11), sampled(50))
+        if steps == 9:
+            together.remove_sequence("dropped")
+        for seq_id, out in together.step().items():
+            got.setdefault(seq_id, []).append(out)
+        steps += 1
+    got.pop("dropped")
+    assert got == alone
+
+
 __all__ = ["np", "SMALL", "SMALL_TIED", "SEED", "run_to_end", "prompt", "greedy"]

@@ -12,6 +12,7 @@ from service.engine.model_dir import RANDOM_NAME, ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from tests.engine_fixtures import (
     SMALL,
+    assert_batch_invariant,
     contrib_int8_dir,
     engine,
     greedy,
@@ -137,34 +138,7 @@ def test_batched_step_is_batch_invariant(contrib_int8_dir: Path, threads: int) -
     the others (MatMulNBits accuracy_level 4 quantizes activations per row block), so sequences stepped
     together draw exactly what each draws alone: same tokens, same logprobs, bit for bit. This is what
     lets a resume (replayed at batch 1) reproduce a run that was decoded in a batch."""
-    rng = np.random.default_rng(3)
-    lengths, starts, news = rng.integers(1, 30, 9), rng.integers(0, 900, 9), rng.integers(2, 14, 9)
-    specs = [
-        (prompt(int(n), start=int(s)), _sampled(int(m), seed=i, top_logprobs=3))
-        for i, (n, s, m) in enumerate(zip(lengths, starts, news, strict=True))
-    ]
-    alone: dict[str, list[object]] = {}
-    for i, (ids, params) in enumerate(specs):
-        eng = OnnxEngine(contrib_int8_dir, intra_op_threads=threads)
-        eng.add_sequence(str(i), ids, params)
-        alone[str(i)] = [o for _ in range(params.max_new_tokens) for o in eng.step().values()]
-    together = OnnxEngine(contrib_int8_dir, intra_op_threads=threads)
-    got: dict[str, list[object]] = {}
-    pending = list(enumerate(specs))
-    steps = 0
-    while pending or together.active_sequence_ids():
-        if pending and steps % 2 == 0:  # admit one every other step: batches grow, shrink and reshuffle slots
-            i, (ids, params) = pending.pop(0)
-            together.add_sequence(str(i), ids, params)
-        if steps == 3:
-            together.add_sequence("dropped", prompt(11), _sampled(50))
-        if steps == 9:
-            together.remove_sequence("dropped")
-        for seq_id, out in together.step().items():
-            got.setdefault(seq_id, []).append(out)
-        steps += 1
-    got.pop("dropped")
-    assert got == alone
+    assert_batch_invariant(contrib_int8_dir, threads)
 
 
 def test_batched_run_resumes_at_batch_one(contrib_int8_dir: Path) -> None:

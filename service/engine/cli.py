@@ -10,6 +10,7 @@ from pathlib import Path
 
 from service.engine.builder import build_random_decoder
 from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
+from service.engine.convert import convert_to_contrib, is_contrib_graph
 from service.engine.gptoss import FULL, SLIDING, GptOssSpec, random_gptoss_weights
 from service.engine.graph_gptoss import write_gptoss_model
 from service.engine.info import model_info
@@ -125,6 +126,15 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("src", type=Path)
     p.add_argument("dst", type=Path, help="a new directory (written elsewhere and renamed into place at the end)")
+    p.add_argument(
+        "--layout",
+        choices=["contrib"],
+        default=None,
+        help="contrib: rewrite a standard-op fp32 graph (ours, a torch/Optimum export of a Llama, Mistral or "
+        "Qwen2 model) in the contrib layout with MatMulNBits int8, which decodes batched, each row bit-identical "
+        "to decoding alone. Default: keep SRC's layout (a standard-op graph gets dynamic int8 and steps one "
+        "sequence at a time)",
+    )
     p.set_defaults(func=_quantize)
 
     p = sub.add_parser("info", help="print a model directory's description as JSON")
@@ -164,7 +174,8 @@ def _build_default(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    out = quantize_model(args.src, args.dst)
+    contrib = args.layout == "contrib" and not is_contrib_graph(args.src)
+    out = convert_to_contrib(args.src, args.dst) if contrib else quantize_model(args.src, args.dst)
     scheme = read_config(out).extra["quantization"]["scheme"]
     print(f"{out}: int8 ({scheme}); files: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0

@@ -4,8 +4,9 @@ GroupQueryAttention (rotary inside, past and present sharing one [b, kv_heads, m
 buffer per layer that the engine binds as both input and output), SimplifiedLayerNormalization /
 SkipSimplifiedLayerNormalization, fused QKV and gate/up projections, and MatMulNBits bits=8
 (accuracy_level=4: int8 activations quantized per row block, so each row's result does not
-depend on the rest of the batch). Inputs: input_ids [b, s], attention_mask [b, past + s];
-outputs logits [b, 1, vocab] (last position) and present.{i}.key/.value.
+depend on the rest of the batch). Optional q/k/v biases (Qwen2) are added after the fused
+projection. Inputs: input_ids [b, s], attention_mask [b, past + s]; outputs logits [b, 1, vocab]
+(last position) and present.{i}.key/.value.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quan
             hdn, residual = skip_norm(x, residual, p + "input_layernorm.weight")
         qkv_w = np.concatenate([w[p + f"self_attn.{m}_proj.weight"] for m in "qkv"], axis=0)
         qkv = linear(hdn, p + "self_attn.qkv_proj", qkv_w)
+        if p + "self_attn.q_proj.bias" in w:  # Qwen2: q/k/v biases, one Add (row-wise: batch-invariant)
+            qkv_b = np.concatenate([w[p + f"self_attn.{m}_proj.bias"] for m in "qkv"])
+            qkv = g.op("Add", [qkv, g.weight(p + "self_attn.qkv_proj.bias", qkv_b)])
         ctx = g.op(
             "GroupQueryAttention",
             [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total, cos, sin],

@@ -62,6 +62,7 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         "model_id": meta.model_id or model_dir.name,
         "chat_format": meta.extra.get("chat_format"),
         "quantization": meta.extra.get("quantization"),
+        "decoding": decoding(meta.extra),
         "decoder": meta.decoder.to_dict(),
         "parameters": parameters,
         **extra,
@@ -73,4 +74,23 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         "cpu": cpu.to_dict(),
         "int8_kernel": cpu.int8_kernel,
         "onnxruntime": ort.__version__,
+    }
+
+
+def decoding(extra: dict[str, Any]) -> dict[str, Any]:
+    """How the engine steps this model's sequences: batched on a shared-buffer KV cache (bit-identical to
+    decoding alone with MatMulNBits int8 at accuracy level 4), else one at a time."""
+    if extra.get("kv_cache") != "shared_buffer":
+        return {
+            "batched": False,
+            "note": "one sequence per run (Concat KV cache); `model quantize SRC DST --layout contrib` on the "
+            "fp32 model writes a graph that batches",
+        }
+    scheme = extra.get("quantization") or {}
+    invariant = scheme.get("scheme") == "matmulnbits_int8" and scheme.get("accuracy_level") == 4
+    return {
+        "batched": True,
+        "batch_invariant": invariant,
+        "note": "all decoding sequences in one run per token"
+        + ("; each row's logits bit-identical to decoding it alone" if invariant else ""),
     }

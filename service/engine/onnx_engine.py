@@ -16,7 +16,8 @@ Batching: with the shared-buffer layout `step()` decodes all decoding sequences 
 run at batch 1 in the sequence's slot. MatMulNBits (accuracy_level 4) quantizes activations per row
 block and every other op is row-wise, so a row's logits do not depend on the other rows of the batch;
 tests/test_engine_onnx.py checks this (token-exact), which is what makes a resume at batch 1
-reproduce a run that was decoded batched. The standard layout steps sequences one by one.
+reproduce a run that was decoded batched. The standard layout steps sequences one by one; `model quantize
+SRC DST --layout contrib` (engine/convert.py) rewrites a standard-op fp32 model in the contrib layout, which batches.
 
 Chunked prefill: add_sequence only validates and registers a sequence; its prompt (and, on resume, its
 generated tokens) is prefilled inside step(), first come first served, under a per-step token budget
