@@ -18,6 +18,7 @@ import pytest
 
 from service.engine.base import SamplingParams
 from service.engine.config import DecoderConfig
+from service.engine.cpu import cpu_features
 from service.engine.gptoss import SLIDING, GptOssSpec, random_gptoss_weights, yarn_inv_freq
 from service.engine.graph_gptoss import quantize_experts, write_gptoss_model
 from service.engine.info import model_info
@@ -91,6 +92,15 @@ def test_batched_decode_is_batch_invariant(mini_dir: Path) -> None:
     got.pop("dropped")
     assert got == alone
     assert max(len(ids) + p.max_new_tokens for ids, p in specs) > 3 * WINDOW
+
+
+def test_batching_follows_what_this_cpu_keeps_bit_identical(mini_dir: Path) -> None:
+    """4-bit experts batch only where the CPU's kernels give a row the same bits in a batch (VNNI); elsewhere
+    the engine decodes one sequence per run, and `model info` says so."""
+    bits = json.loads((mini_dir / "config.json").read_text())["gpt_oss"]["expert_bits"]
+    batches = bits == 8 or cpu_features().int4_experts_batch_invariant
+    assert OnnxEngine(mini_dir, intra_op_threads=1, max_batch=16).max_batch == (16 if batches else 1)
+    assert model_info(mini_dir)["decoding"]["batched"] is batches
 
 
 def test_resume_replays_to_the_same_continuation(mini_dir: Path) -> None:

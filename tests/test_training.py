@@ -80,6 +80,7 @@ def test_copy_drills_render_as_served_and_contrast_pairs_differ_only_in_the_tool
     assert len(pairs) >= 5
     for a, b in pairs:
         assert a.request.items[-1]["output"] != b.request.items[-1]["output"] or a.salient == b.salient
+        assert a.salient is not None and b.salient is not None
         assert a.salient in a.completion[-1].text and b.salient in b.completion[-1].text
     assert make_samples(1, 50) == make_samples(1, 50)  # drills draw from their own generator
 

@@ -46,10 +46,19 @@ class CpuFeatures:
         # 7-bit weights avoid that (measured on Zen 3: max logit error 0.35 -> 0.02).
         return not self.has_vnni
 
+    @property
+    def int4_experts_batch_invariant(self) -> bool:
+        """Whether QMoE's 4-bit experts (MLAS block GEMM, int8 activations) give a row the same bits at batch
+        1 as in a batch. Without VNNI they do not: on AVX2 (AMD EPYC, onnxruntime 1.32) the one-row and the
+        many-row kernels round differently, by ~1e-7 in the logits; VNNI CPUs agree
+        (tests/test_gptoss_engine.py). 8-bit experts and MatMulNBits int8 agree on both."""
+        return self.has_vnni
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["int8_kernel"] = self.int8_kernel
         d["reduce_range"] = self.needs_reduce_range
+        d["int4_experts_batch_invariant"] = self.int4_experts_batch_invariant
         return d
 
 

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 
 from service.engine.config import read_config
-from service.engine.cpu import cpu_features
+from service.engine.cpu import CpuFeatures, cpu_features
 from service.engine.info_moe import describe_moe, logical_parameters
 from service.engine.model_files import ModelDirError, find_model_file
 
@@ -62,7 +62,7 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         "model_id": meta.model_id or model_dir.name,
         "chat_format": meta.extra.get("chat_format"),
         "quantization": meta.extra.get("quantization"),
-        "decoding": decoding(meta.extra),
+        "decoding": decoding(meta.extra, moe, cpu),
         "decoder": meta.decoder.to_dict(),
         "parameters": parameters,
         **extra,
@@ -77,9 +77,17 @@ def model_info(model_dir: Path) -> dict[str, Any]:
     }
 
 
-def decoding(extra: dict[str, Any]) -> dict[str, Any]:
+def decoding(
+    extra: dict[str, Any], moe: dict[str, Any] | None = None, cpu: CpuFeatures | None = None
+) -> dict[str, Any]:
     """How the engine steps this model's sequences: batched on a shared-buffer KV cache (bit-identical to
     decoding alone with MatMulNBits int8 at accuracy level 4), else one at a time."""
+    if moe and moe.get("expert_bits") == 4 and cpu is not None and not cpu.int4_experts_batch_invariant:
+        return {
+            "batched": False,
+            "note": "one sequence per run: on this CPU (no VNNI) 4-bit experts round a row differently in a "
+            "batch than alone, and a resume must reproduce the run bit for bit",
+        }
     if extra.get("kv_cache") != "shared_buffer":
         return {
             "batched": False,

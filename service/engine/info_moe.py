@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,3 +82,10 @@ def describe_moe(model: onnx.ModelProto) -> tuple[dict[str, Any] | None, dict[st
         "swiglu_limit": attrs.get("swiglu_limit"),
         "swiglu_alpha": attrs.get("activation_alpha"),
     }, attention
+
+
+def expert_bits(model_file: Path) -> set[int]:
+    """The bit widths of a graph's QMoE experts (empty without QMoE); reads the graph, not its weights."""
+    model = onnx.load(str(model_file), load_external_data=False)
+    nodes = [n for n in model.graph.node if n.op_type == "QMoE"]
+    return {int(_attrs(n).get("expert_weight_bits", 4)) for n in nodes}

@@ -53,6 +53,8 @@ import onnxruntime as ort
 
 from service.engine.base import EngineError, FinishReason, LogitsConstraint, SamplingParams, TokenOutput
 from service.engine.config import read_config
+from service.engine.cpu import cpu_features
+from service.engine.info_moe import expert_bits
 from service.engine.layout import GraphLayout, detect_layout
 from service.engine.model_files import find_model_file
 from service.engine.prefix_cache import PrefixCache
@@ -176,8 +178,12 @@ class OnnxEngine:
         ]
         self._pool = _SlotPool(shapes, lay.kv_dtype)
         self._slots: list[_Sequence] = []  # shared-buffer layout: _slots[i].slot == i
-        # Largest batch one decode run takes (more active sequences run in several batches).
-        self.max_batch = max_batch
+        # Largest batch one decode run takes (more active sequences run in several batches). 1 where this
+        # CPU's kernels would give a row other bits in a batch than alone, which a resume at batch 1 needs.
+        unbatchable = not cpu_features().int4_experts_batch_invariant and 4 in expert_bits(
+            find_model_file(self.model_dir)
+        )  # the graph is read only on CPUs where it matters
+        self.max_batch = 1 if unbatchable else max_batch
         last_only = meta.extra.get("logits") == "last_position"
         self._prefill_chunk = (
             self.max_context if last_only else max(16, _PREFILL_LOGITS_BUDGET // self.config.vocab_size)
