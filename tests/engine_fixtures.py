@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from service.engine.base import SamplingParams
+from service.engine.base import SamplingParams, TokenOutput
 from service.engine.builder import build_random_decoder
 from service.engine.config import DecoderConfig
 from service.engine.onnx_engine import OnnxEngine
+
+Outputs = dict[str, list[TokenOutput]]
 
 SMALL = DecoderConfig(
     vocab_size=1000,
@@ -102,28 +105,52 @@ def assert_batch_invariant(model_dir: Path, threads: int = 1) -> None:
         (prompt(int(n), start=int(s)), sampled(int(m), seed=i, top_logprobs=3))
         for i, (n, s, m) in enumerate(zip(lengths, starts, news, strict=True))
     ]
-    alone: dict[str, list[object]] = {}
+    # Admit one every other step: batches grow, shrink and reshuffle slots.
+    schedule = BatchSchedule(join_every=2, dropped=(prompt(11), sampled(50)), drop_at=3, remove_at=9)
+    assert decode_together(model_dir, specs, schedule, threads) == decode_alone(model_dir, specs, threads)
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """When sequences join a shared engine, and a sequence that joins at `drop_at` and leaves at `remove_at`."""
+
+    join_every: int
+    dropped: tuple[list[int], SamplingParams]
+    drop_at: int
+    remove_at: int
+
+
+def decode_alone(model_dir: Path, specs: list[tuple[list[int], SamplingParams]], threads: int = 1) -> Outputs:
+    """Each (prompt, params) decoded by an engine of its own."""
+    alone: Outputs = {}
     for i, (ids, params) in enumerate(specs):
         eng = OnnxEngine(model_dir, intra_op_threads=threads)
         eng.add_sequence(str(i), ids, params)
         alone[str(i)] = [o for _ in range(params.max_new_tokens) for o in eng.step().values()]
+    return alone
+
+
+def decode_together(
+    model_dir: Path, specs: list[tuple[list[int], SamplingParams]], schedule: BatchSchedule, threads: int = 1
+) -> Outputs:
+    """The same sequences decoded by one engine, joining and leaving by `schedule` (the dropped one left out)."""
     together = OnnxEngine(model_dir, intra_op_threads=threads)
-    got: dict[str, list[object]] = {}
+    got: Outputs = {}
     pending = list(enumerate(specs))
     steps = 0
     while pending or together.active_sequence_ids():
-        if pending and steps % 2 == 0:  # admit one every other step: batches grow, shrink and reshuffle slots
+        if pending and steps % schedule.join_every == 0:
             i, (ids, params) = pending.pop(0)
             together.add_sequence(str(i), ids, params)
-        if steps == 3:
-            together.add_sequence("dropped", prompt(11), sampled(50))
-        if steps == 9:
+        if steps == schedule.drop_at:
+            together.add_sequence("dropped", *schedule.dropped)
+        if steps == schedule.remove_at:
             together.remove_sequence("dropped")
         for seq_id, out in together.step().items():
             got.setdefault(seq_id, []).append(out)
         steps += 1
     got.pop("dropped")
-    assert got == alone
+    return got
 
 
 __all__ = ["np", "SMALL", "SMALL_TIED", "SEED", "run_to_end", "prompt", "greedy"]

@@ -23,6 +23,7 @@ from service.engine.gptoss import SLIDING, GptOssSpec, random_gptoss_weights, ya
 from service.engine.graph_gptoss import quantize_experts, write_gptoss_model
 from service.engine.info import model_info
 from service.engine.onnx_engine import OnnxEngine
+from tests.engine_fixtures import BatchSchedule, decode_alone, decode_together
 
 MINI = DecoderConfig(
     vocab_size=512,
@@ -69,28 +70,9 @@ def _prompt(n: int, start: int) -> list[int]:
 def test_batched_decode_is_batch_invariant(mini_dir: Path) -> None:
     """Sequences decoded together (joining, leaving, moving slots) draw exactly what each draws alone."""
     specs = [(_prompt(3 + 5 * i, 17 * i), _sampled(6 + 4 * i, seed=i)) for i in range(5)]
-    alone: dict[str, list[object]] = {}
-    for i, (ids, params) in enumerate(specs):
-        eng = OnnxEngine(mini_dir, intra_op_threads=1)
-        eng.add_sequence(str(i), ids, params)
-        alone[str(i)] = [out for _ in range(params.max_new_tokens) for out in eng.step().values()]
-    together = OnnxEngine(mini_dir, intra_op_threads=1)
-    got: dict[str, list[object]] = {}
-    pending = list(enumerate(specs))
-    steps = 0
-    while pending or together.active_sequence_ids():
-        if pending and steps % 3 == 0:
-            i, (ids, params) = pending.pop(0)
-            together.add_sequence(str(i), ids, params)
-        if steps == 1:
-            together.add_sequence("dropped", _prompt(20, 5), _sampled(40, seed=9))
-        if steps == 13:  # its slot is taken over by the last slot's sequence, window caches and all
-            together.remove_sequence("dropped")
-        for seq_id, out in together.step().items():
-            got.setdefault(seq_id, []).append(out)
-        steps += 1
-    got.pop("dropped")
-    assert got == alone
+    # The dropped sequence's slot is taken over by the last slot's sequence, window caches and all.
+    schedule = BatchSchedule(join_every=3, dropped=(_prompt(20, 5), _sampled(40, seed=9)), drop_at=1, remove_at=13)
+    assert decode_together(mini_dir, specs, schedule) == decode_alone(mini_dir, specs)
     assert max(len(ids) + p.max_new_tokens for ids, p in specs) > 3 * WINDOW
 
 
