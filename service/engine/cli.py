@@ -10,7 +10,7 @@ from pathlib import Path
 
 from service.engine.builder import build_random_decoder
 from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
-from service.engine.convert import convert_to_contrib, is_contrib_graph
+from service.engine.convert import AlreadyContrib, convert_to_contrib
 from service.engine.gptoss import FULL, SLIDING, GptOssSpec, random_gptoss_weights
 from service.engine.graph_gptoss import write_gptoss_model
 from service.engine.info import model_info
@@ -174,8 +174,10 @@ def _build_default(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    contrib = args.layout == "contrib" and not is_contrib_graph(args.src)
-    out = convert_to_contrib(args.src, args.dst) if contrib else quantize_model(args.src, args.dst)
+    try:
+        out = convert_to_contrib(args.src, args.dst) if args.layout == "contrib" else quantize_model(args.src, args.dst)
+    except AlreadyContrib:  # a contrib source: --layout contrib is what quantizing it gives anyway
+        out = quantize_model(args.src, args.dst)
     scheme = read_config(out).extra["quantization"]["scheme"]
     print(f"{out}: int8 ({scheme}); files: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0

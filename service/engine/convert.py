@@ -54,13 +54,8 @@ def convert_to_contrib(src_dir: Path, dst_dir: Path, *, quantize: bool = True) -
     return dst_dir
 
 
-def is_contrib_graph(model_dir: Path) -> bool:
-    """Whether the directory's graph is in the contrib layout already (GroupQueryAttention)."""
-    try:
-        model = onnx.load(str(find_model_file(Path(model_dir))), load_external_data=False)
-    except Exception:  # noqa: BLE001 - not a graph at all: the conversion says so
-        return False
-    return any(node.op_type == "GroupQueryAttention" for node in model.graph.node)
+class AlreadyContrib(ModelDirError):
+    """The source graph is in the contrib layout already: nothing to convert, only to quantize."""
 
 
 def check_architecture(config: dict[str, Any], src_dir: Path) -> None:
@@ -104,7 +99,7 @@ def _load(src: Path) -> onnx.ModelProto:
         found = ", ".join(sorted(ops & QUANTIZED_OPS))
         raise AlreadyQuantized(f"{src} holds quantized weights ({found}); convert the fp32 model")
     if "GroupQueryAttention" in ops:
-        raise ModelDirError(f"{src} is in the contrib layout already; `model quantize` it without --layout")
+        raise AlreadyContrib(f"{src} is in the contrib layout already; `model quantize` it without --layout")
     inputs = {i.name for i in model.graph.input}
     outputs = {o.name for o in model.graph.output}
     if "input_ids" not in inputs or "logits" not in outputs:
