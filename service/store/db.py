@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -175,13 +176,28 @@ async def current_revision(url: str) -> str | None:
         engine = create_async_engine(parsed, connect_args=args)
     except (exc.ArgumentError, exc.InvalidRequestError, ImportError) as error:
         raise DatabaseUnavailable(f"SERVICE_DATABASE_URL={describe_url(url)} is not usable: {error}") from error
+    threads_before = set(threading.enumerate())
     try:
         async with engine.connect() as connection:
             return await connection.run_sync(_revision_of)
     except (TimeoutError, exc.DBAPIError, OSError) as error:
+        await _let_failed_sqlite_workers_exit(threads_before)
         raise _unavailable(url, error) from error
     finally:
         await engine.dispose()
+
+
+async def _let_failed_sqlite_workers_exit(threads_before: set[threading.Thread]) -> None:
+    """aiosqlite (0.22) stops the worker of a connection that failed to open without waiting for it;
+    if the caller's loop closes first, the worker dies printing a traceback ("Event loop is closed")
+    after our one-line error. Join the workers this attempt started while the loop still runs."""
+    workers = [
+        thread
+        for thread in threading.enumerate()
+        if thread not in threads_before and "_connection_worker_thread" in thread.name
+    ]
+    for worker in workers:
+        await asyncio.to_thread(worker.join, 2.0)
 
 
 def _revision_of(connection: Connection) -> str | None:
