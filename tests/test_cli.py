@@ -54,6 +54,44 @@ def test_unreachable_and_unusable_databases(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("migrate", SERVICE_DATABASE_URL=sync_driver), "not usable", "async driver")
 
 
+def test_a_sqlite_file_that_cannot_open_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """aiosqlite stops a failed connection's worker without waiting; if the loop closed first, the worker
+    printed a traceback after the one-line error (seen under load). The failure path joins it."""
+    import asyncio
+    import threading
+
+    from service.store.db import DatabaseUnavailable, current_revision
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'no' / 'such' / 'dir.db'}"
+    died: list[BaseException | None] = []
+    previous, threading.excepthook = threading.excepthook, lambda args: died.append(args.exc_value)
+    try:
+        for _ in range(20):
+            with pytest.raises(DatabaseUnavailable, match="unable to open database file"):
+                asyncio.run(current_revision(url))
+            assert not [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
+    finally:
+        threading.excepthook = previous
+    assert died == []
+
+
+def test_commands_start_without_importing_what_they_do_not_use() -> None:
+    """`import onnx` and the MCP SDK each cost about a second: the CLI imports onnx only in the commands
+    that read or write graphs, and the server imports the SDK when an MCP session opens."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from service.__main__ import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "print(sorted(m for m in ('onnx', 'mcp', 'mcp_types') if m in sys.modules))\n"
+        "import service.app\n"
+        "print(sorted(m for m in ('mcp', 'mcp_types') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
 def test_bad_settings_name_the_variable() -> None:
     result = run_cli("migrate", SERVICE_MAX_ACTIVE_RUNS="abc", SERVICE_LEASE_SECONDS="-1")
     assert_one_line_error(result, "SERVICE_MAX_ACTIVE_RUNS='abc'", "valid integer", "SERVICE_LEASE_SECONDS='-1'")

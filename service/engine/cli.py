@@ -8,15 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from service.engine.builder import build_random_decoder
 from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
-from service.engine.convert import AlreadyContrib, convert_to_contrib
-from service.engine.gptoss import FULL, SLIDING, GptOssSpec, random_gptoss_weights
-from service.engine.graph_gptoss import write_gptoss_model
-from service.engine.info import model_info
-from service.engine.model_dir import describe_builtin, ensure_builtin_model
-from service.engine.model_files import new_directory
-from service.engine.quantize import quantize_model
+from service.engine.gptoss import FULL, SLIDING, GptOssSpec
+
+# Each command imports what writes or reads graphs (onnx, the builders) when it runs: every other
+# command of the CLI, `serve` included, starts without them.
 
 # Known architectures, with the vocabulary size of the original model ("native"); build-random puts
 # them on the Harmony vocabulary by default so that what it writes can be served as it is.
@@ -168,12 +164,17 @@ def run_model_command(args: argparse.Namespace) -> int:
 
 
 def _build_default(args: argparse.Namespace) -> int:
+    from service.engine.model_dir import describe_builtin, ensure_builtin_model
+
     path = ensure_builtin_model(args.cache_dir, progress=True)
     print(json.dumps({"path": str(path), **describe_builtin()}, indent=2))
     return 0
 
 
 def _quantize(args: argparse.Namespace) -> int:
+    from service.engine.convert import AlreadyContrib, convert_to_contrib
+    from service.engine.quantize import quantize_model
+
     try:
         out = convert_to_contrib(args.src, args.dst) if args.layout == "contrib" else quantize_model(args.src, args.dst)
     except AlreadyContrib:  # a contrib source: --layout contrib is what quantizing it gives anyway
@@ -184,12 +185,18 @@ def _quantize(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from service.engine.info import model_info
+    from service.engine.model_dir import ensure_builtin_model
+
     path = args.path or ensure_builtin_model(progress=True)
     print(json.dumps(model_info(path), indent=2))
     return 0
 
 
 def _build_random(args: argparse.Namespace) -> int:
+    from service.engine.builder import build_random_decoder
+    from service.engine.model_files import new_directory
+
     started = time.monotonic()
     if args.shape in GPTOSS_SHAPES:
         out = _build_random_gptoss(args)
@@ -212,6 +219,9 @@ def _build_random(args: argparse.Namespace) -> int:
 
 def _build_random_gptoss(args: argparse.Namespace) -> Path:
     """Random weights, experts drawn directly as int4/int8 codes (a real-shape model never exists in fp32)."""
+    from service.engine.gptoss import random_gptoss_weights
+    from service.engine.graph_gptoss import write_gptoss_model
+
     config, spec = GPTOSS_SHAPES[args.shape]
     layers = args.layers or config.num_layers
     config = DecoderConfig(**{**config.to_dict(), "num_layers": layers})

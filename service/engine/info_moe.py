@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
+
+if TYPE_CHECKING:
+    import onnx  # the engine imports this module; `import onnx` waits until a graph is read
 
 _EXPERT_OPS = ("MoE", "QMoE")
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    import onnx
+
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
@@ -86,6 +90,8 @@ def describe_moe(model: onnx.ModelProto) -> tuple[dict[str, Any] | None, dict[st
 
 def expert_bits(model_file: Path) -> set[int]:
     """The bit widths of a graph's QMoE experts (empty without QMoE); reads the graph, not its weights."""
+    import onnx
+
     model = onnx.load(str(model_file), load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "QMoE"]
     return {int(_attrs(n).get("expert_weight_bits", 4)) for n in nodes}

@@ -8,8 +8,10 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
+if TYPE_CHECKING:
+    import onnx  # imported where a graph is read or written: `import onnx` costs about a second at start-up
 
 MODEL_FILE = "model.onnx"
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # protobuf caps a single file at 2 GiB; go external well before that
@@ -37,6 +39,8 @@ def find_model_file(model_dir: Path) -> Path:
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:
     """Write model.onnx, with weights in model.onnx.data when the model is large."""
+    import onnx
+
     size = sum(len(t.raw_data) for t in model.graph.initializer)
     if size > EXTERNAL_DATA_THRESHOLD:
         onnx.save_model(
@@ -53,6 +57,8 @@ def save_model(model: onnx.ModelProto, path: Path) -> None:
 
 def graph_files(model_dir: Path) -> set[str]:
     """Every .onnx file of the directory and the external-data files its graphs point to."""
+    import onnx
+
     names: set[str] = set()
     for path in model_dir.glob("*.onnx"):
         names.add(path.name)

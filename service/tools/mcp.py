@@ -14,13 +14,12 @@ import socket
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult, RequestParamsMeta, TextContent
+if TYPE_CHECKING:  # the SDK is imported when a session opens: it costs about a second at start-up
+    from mcp import Client
+    from mcp_types import CallToolResult, RequestParamsMeta
 
 # The `_meta` key a tool call carries its idempotency key under; a retried call (after a crash) repeats it.
 IDEMPOTENCY_META_KEY = "io.github.service/idempotency-key"
@@ -138,6 +137,10 @@ class McpConnector:
         self._sessions: dict[tuple[str, tuple[tuple[str, str], ...]], _HeldSession] = {}
 
     def _client(self, url: str, headers: Mapping[str, str]) -> Client:
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
         http = httpx2.AsyncClient(headers=dict(headers), timeout=self.timeout_seconds)
         return Client(streamable_http_client(url, http_client=http), read_timeout_seconds=self.timeout_seconds)
 
@@ -227,7 +230,7 @@ class McpConnector:
 
         async def run() -> McpCallResult:
             client, discard = await self._session(url, headers)
-            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: idempotency_key})
+            meta = cast("RequestParamsMeta", {IDEMPOTENCY_META_KEY: idempotency_key})
             try:
                 result = await client.call_tool(name, arguments, meta=meta)
             except BaseException:
@@ -241,6 +244,8 @@ class McpConnector:
             return McpCallResult(output=None, error=str(exc))
 
     def _result(self, result: CallToolResult) -> McpCallResult:
+        from mcp_types import TextContent
+
         parts: list[str] = []
         for block in result.content:
             if isinstance(block, TextContent):
