@@ -9,8 +9,8 @@ from dataclasses import fields
 from pathlib import Path
 
 _OPTIONS = (
-    "seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "intermediate_size", "threads",
-    "copy_weight", "drills",
+    "seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "head_dim", "intermediate_size",
+    "threads", "copy_weight", "drills",
 )  # fmt: skip
 
 
