@@ -17,7 +17,7 @@ from service.http.auth import request_project
 from service.http.compaction_routes import managed_create, read_create_body
 from service.http.include_view import CI_OUTPUTS, hide_event_outputs, hide_outputs, query_includes
 from service.http.openapi import openapi_json
-from service.http.sse import sse_frame, tail_events
+from service.http.sse import sse_frame, tail_event_batches, tail_events
 from service.limits import SubscriberLimit
 from service.observability import metrics_endpoint, response_id_var
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
@@ -124,7 +124,7 @@ def _stream(
     async def frames() -> AsyncIterator[bytes]:
         finished = False
         try:
-            async for stored in tail_events(
+            async for batch in tail_event_batches(
                 state.db,
                 state.notifier,
                 response_id,
@@ -134,8 +134,12 @@ def _stream(
                 outage_limit=state.settings.store_outage_seconds + 60,
                 read=state.stream_reader.read_events,
             ):
-                yield sse_frame(stored if outputs else hide_event_outputs(stored), obfuscate=obfuscate)
-                finished = stored.type in TERMINAL_EVENT_TYPES
+                # One write per run of events (a replay's page, one commit's events), not one per event.
+                yield b"".join(
+                    sse_frame(stored if outputs else hide_event_outputs(stored), obfuscate=obfuscate)
+                    for stored in batch
+                )
+                finished = batch[-1].type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
                 await commands.forget_unstored(response_id, project=project)
         except StoreUnavailable:

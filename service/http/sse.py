@@ -32,11 +32,39 @@ async def tail_events(
     outage_limit: float = 60.0,
     read: EventReader = event_log.read_events,
 ) -> AsyncIterator[StoredEvent]:
+    """`tail_event_batches`, one event at a time."""
+    batches = tail_event_batches(
+        db,
+        notifier,
+        response_id,
+        after=after,
+        poll_interval=poll_interval,
+        draining=draining,
+        outage_limit=outage_limit,
+        read=read,
+    )
+    async for batch in batches:
+        for stored in batch:
+            yield stored
+
+
+async def tail_event_batches(
+    db: AsyncEngine,
+    notifier: Notifier,
+    response_id: str,
+    *,
+    after: int,
+    poll_interval: float,
+    draining: asyncio.Event | None = None,
+    outage_limit: float = 60.0,
+    read: EventReader = event_log.read_events,
+) -> AsyncIterator[list[StoredEvent]]:
     """Every event with sequence_number > after, in order, ending with the terminal event
     (or when the response is deleted, or the server is shutting down: the client resumes
     elsewhere with starting_after). Events are read from the log, so a client never sees
     one that is not committed. While the store is unreachable the tail waits; after
-    `outage_limit` seconds of it, StoreUnavailable."""
+    `outage_limit` seconds of it, StoreUnavailable. Events come in the runs that arrived together (a
+    replay's page, one commit's events), so that a stream sends each run in one write."""
     last = after
     pushed: list[StoredEvent] = []
     unreachable_since: float | None = None
@@ -64,12 +92,17 @@ async def tail_events(
                     await asyncio.sleep(poll_interval)
                     continue
                 unreachable_since = None
+            run: list[StoredEvent] = []
             for stored in batch:
-                if stored.sequence_number != last + 1:
+                if stored.sequence_number != last + 1 + len(run):
                     break  # a gap: an earlier event is not committed yet; never skip it
-                yield stored
-                last = stored.sequence_number
+                run.append(stored)
                 if stored.type in TERMINAL_EVENT_TYPES:
+                    break
+            if run:
+                yield run
+                last = run[-1].sequence_number
+                if run[-1].type in TERMINAL_EVENT_TYPES:
                     return
             pushed = [event for event in pushed if event.sequence_number > last]
             if not (pushed and pushed[0].sequence_number == last + 1):
