@@ -17,7 +17,7 @@ from service.http.auth import request_project
 from service.http.compaction_routes import managed_create, read_create_body
 from service.http.include_view import CI_OUTPUTS, hide_event_outputs, hide_outputs, query_includes
 from service.http.openapi import openapi_json
-from service.http.sse import sse_frame, tail_event_batches, tail_events
+from service.http.sse import sse_frame, tail_event_batches
 from service.limits import SubscriberLimit
 from service.observability import metrics_endpoint, response_id_var
 from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
@@ -70,7 +70,7 @@ async def _wait_for_end(
 
     async def consume() -> dict[str, Any]:
         last: dict[str, Any] = {}
-        async for stored in tail_events(
+        async for batch in tail_event_batches(
             state.db,
             state.notifier,
             response_id,
@@ -79,7 +79,7 @@ async def _wait_for_end(
             draining=state.draining,
             outage_limit=state.settings.store_outage_seconds + 60,
         ):
-            last = stored.payload()  # tail_events ends at the terminal event
+            last = batch[-1].payload()  # the tail ends at the terminal event
         return last
 
     consumer = asyncio.create_task(consume())

@@ -21,33 +21,6 @@ from service.store.faults import is_transient
 EventReader = Callable[..., Awaitable[list[StoredEvent]]]
 
 
-async def tail_events(
-    db: AsyncEngine,
-    notifier: Notifier,
-    response_id: str,
-    *,
-    after: int,
-    poll_interval: float,
-    draining: asyncio.Event | None = None,
-    outage_limit: float = 60.0,
-    read: EventReader = event_log.read_events,
-) -> AsyncIterator[StoredEvent]:
-    """`tail_event_batches`, one event at a time."""
-    batches = tail_event_batches(
-        db,
-        notifier,
-        response_id,
-        after=after,
-        poll_interval=poll_interval,
-        draining=draining,
-        outage_limit=outage_limit,
-        read=read,
-    )
-    async for batch in batches:
-        for stored in batch:
-            yield stored
-
-
 async def tail_event_batches(
     db: AsyncEngine,
     notifier: Notifier,
