@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +19,18 @@ class ModelRuntime:
     model_id: str
     engine: Engine
     chat_format: ChatFormat
-    info: dict[str, Any] = field(default_factory=dict)
+    # Reads the model's graph (format, ops, kernel path): a large graph takes a second to parse, so it
+    # runs on first use (GET /v1/models) instead of in every start-up.
+    describe_model: Callable[[], dict[str, Any]] | None = None
+    _info: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    _info_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def info(self) -> dict[str, Any]:
+        """The model's description, read once (blocking: call it from a worker thread in the server)."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = self.describe_model() if self.describe_model is not None else {}
+            return self._info
 
     def render(self, request: PromptRequest) -> list[int]:
         return self.chat_format.render(request)

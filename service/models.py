@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from service.config import Settings
 from service.engine.config import read_config
-from service.engine.info import model_info
 from service.engine.model_dir import ensure_builtin_model
 from service.engine.model_files import ModelDirError
 from service.engine.onnx_engine import OnnxEngine
@@ -37,9 +37,16 @@ def load_runtime(settings: Settings) -> ModelRuntime:
             prefill_tokens=settings.prefill_chunk_tokens,
         )
         chat_format = chat_format_for(model_dir, {**meta.as_dict(), "eos_token_id": meta.stop_token_ids})
-        info = model_info(model_dir)
     except Exception as exc:  # noqa: BLE001 - the loading boundary: whatever the files got wrong, say it in a line
         source = f"SERVICE_MODEL={model_dir}" if settings.model is not None else f"the built-in model {model_dir}"
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ModelDirError(f"{source} cannot be loaded: {reason}") from exc
-    return ModelRuntime(model_id=engine.model_id, engine=engine, chat_format=chat_format, info=info)
+    return ModelRuntime(
+        model_id=engine.model_id, engine=engine, chat_format=chat_format, describe_model=lambda: _describe(model_dir)
+    )
+
+
+def _describe(model_dir: Path) -> dict[str, Any]:
+    from service.engine.info import model_info  # imports onnx (half a second): only when asked
+
+    return model_info(model_dir)

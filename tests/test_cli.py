@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from service.engine.cpu import cpu_features
 from service.store.db import head_revision
 from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.conftest import _PG_SKIP_REASON, PG_URL_TEMPLATE, ROOT, ServerProcess, free_port
@@ -75,9 +76,11 @@ def test_a_sqlite_file_that_cannot_open_leaves_no_worker_behind(tmp_path: Path) 
     assert died == []
 
 
-def test_commands_start_without_importing_what_they_do_not_use() -> None:
+def test_commands_start_without_importing_what_they_do_not_use(random_model_dir: Path) -> None:
     """`import onnx` and the MCP SDK each cost about a second: the CLI imports onnx only in the commands
-    that read or write graphs, and the server imports the SDK when an MCP session opens."""
+    that read or write graphs, and the server imports the SDK when an MCP session opens. Loading the
+    model for `serve` neither imports onnx nor parses the graph; the model's description (GET /v1/models)
+    does, on first use."""
     code = (
         "import contextlib, io, sys\n"
         "from service.__main__ import main\n"
@@ -85,11 +88,20 @@ def test_commands_start_without_importing_what_they_do_not_use() -> None:
         "    main(['--help'])\n"
         "print(sorted(m for m in ('onnx', 'mcp', 'mcp_types') if m in sys.modules))\n"
         "import service.app\n"
-        "print(sorted(m for m in ('mcp', 'mcp_types') if m in sys.modules))\n"
+        "from service.config import Settings\n"
+        "from service.models import load_runtime\n"
+        "runtime = load_runtime(Settings.from_env())\n"
+        "print(sorted(m for m in ('onnx', 'mcp', 'mcp_types') if m in sys.modules))\n"
+        "print(runtime.info()['int8_kernel'], 'onnx' in sys.modules, runtime.info() is runtime.info())\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "SERVICE_MODEL": str(random_model_dir), "SERVICE_INTRA_OP_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:2] == ["[]", "[]"]
+    lines = result.stdout.split("\n")
+    assert lines[:2] == ["[]", "[]"]
+    assert lines[2] == f"{cpu_features().int8_kernel} True True"
 
 
 def test_bad_settings_name_the_variable() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,8 +91,19 @@ def describe_moe(model: onnx.ModelProto) -> tuple[dict[str, Any] | None, dict[st
 
 def expert_bits(model_file: Path) -> set[int]:
     """The bit widths of a graph's QMoE experts (empty without QMoE); reads the graph, not its weights."""
+    if not _holds_bytes(model_file, b"QMoE"):  # no node of that type: skip parsing (a second for big graphs)
+        return set()
     import onnx
 
     model = onnx.load(str(model_file), load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "QMoE"]
     return {int(_attrs(n).get("expert_weight_bits", 4)) for n in nodes}
+
+
+def _holds_bytes(path: Path, needle: bytes) -> bool:
+    """Whether the file contains `needle` anywhere (an op type is stored as plain bytes in the protobuf)."""
+    with path.open("rb") as f:
+        if path.stat().st_size == 0:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(needle) != -1

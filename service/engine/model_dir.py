@@ -20,7 +20,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from service.engine.builder import build_random_decoder, write_contrib_model
 from service.engine.compact import ArtifactError, expand, load_compact
 from service.engine.config import DecoderConfig
 
@@ -88,6 +87,8 @@ def materialise_builtin(manifest_path: Path, out_dir: Path) -> Path:
         "artifact_sha256": manifest["sha256"],
         "description": "small Harmony decoder trained offline on a synthetic corpus (see the README's model card)",
     }
+    from service.engine.builder import write_contrib_model  # imports onnx: only when a model is built
+
     return write_contrib_model(out_dir, config, expand(compact, config), quantize=True, extra=extra)
 
 
@@ -133,6 +134,8 @@ def ensure_random_model(cache_dir: Path | None = None, progress: bool = True) ->
     }
 
     def build(out: Path) -> Path:
+        from service.engine.builder import build_random_decoder  # imports onnx: only when a model is built
+
         return build_random_decoder(out, RANDOM_CONFIG, RANDOM_SEED, quantize=True, extra=extra)
 
     return _cached(target, RANDOM_NAME, build, progress)

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -302,7 +303,7 @@ async def list_models(request: Request) -> Response:
                     "object": "model",
                     "created": int(request.app.state.started_at),
                     "owned_by": "responses-service",
-                    "info": runtime.info,
+                    "info": await run_in_threadpool(runtime.info),
                 },
             ],
         }
@@ -319,7 +320,7 @@ async def retrieve_model(request: Request) -> Response:
             "object": "model",
             "created": int(request.app.state.started_at),
             "owned_by": "responses-service",
-            "info": runtime.info,
+            "info": await run_in_threadpool(runtime.info),
         }
     )
 
