@@ -20,7 +20,7 @@ from service.engine.onnx_engine import OnnxEngine
 from service.engine.sampling import bitmask_to_bool
 from service.prompting.base import ItemStarted
 from service.training.config import TrainConfig
-from service.training.corpus import Renderer, make_drills, make_samples
+from service.training.corpus import Renderer, make_drills, make_repeats, make_samples
 from service.training.stats import number_tokens, rarest_token_counts, salient_number_counts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -83,6 +83,19 @@ def test_copy_drills_render_as_served_and_contrast_pairs_differ_only_in_the_tool
         assert a.salient is not None and b.salient is not None
         assert a.salient in a.completion[-1].text and b.salient in b.completion[-1].text
     assert make_samples(1, 50) == make_samples(1, 50)  # drills draw from their own generator
+
+
+def test_repeat_drills_answer_with_the_users_numbers_in_order() -> None:
+    renderer = Renderer()
+    repeats = make_repeats(3, 40)
+    assert repeats == make_repeats(3, 40) and len({r.request.items[0]["content"][0]["text"] for r in repeats}) == 40
+    for drill in repeats:
+        assert renderer.prompt(drill) == renderer.fmt.render(drill.request) and not drill.request.tools
+        assert renderer.completion(drill.completion)[-1] in renderer.fmt.stop_token_ids()
+        user = drill.request.items[0]["content"][0]["text"]
+        listed = user.split(": ", 1)[1]
+        assert len(re.findall(r"-?\d+", listed)) >= 2
+        assert drill.completion[-1].channel == "final" and listed + "." in drill.completion[-1].text
 
 
 def test_the_copy_mask_marks_exactly_the_tool_value_tokens() -> None:
@@ -205,3 +218,29 @@ def test_the_same_weights_are_written_with_the_same_hash(tmp_path: Path) -> None
     a = json.loads(write_artifact(model, tmp_path / "a").read_text())["sha256"]
     b = json.loads(write_artifact(model, tmp_path / "b").read_text())["sha256"]
     assert a == b
+
+
+@needs_torch
+def test_a_head_trained_tied_is_exported_as_a_copy_of_the_embedding(tmp_path: Path) -> None:
+    from service.training.export import write_artifact
+    from service.training.train import train
+
+    tied = train(replace(TINY, steps=2, tie_embeddings=True, repeats=8), progress=False, log=lambda _msg: None)
+    np.testing.assert_array_equal(tied.weights["lm_head.weight"], tied.weights["model.embed_tokens.weight"])
+    untied = train(replace(TINY, steps=2), progress=False, log=lambda _msg: None)
+    assert not np.array_equal(untied.weights["lm_head.weight"], untied.weights["model.embed_tokens.weight"])
+    manifest = json.loads(write_artifact(tied, tmp_path / "tied").read_text())
+    assert manifest["training"]["tie_embeddings"] is True and manifest["training"]["repeats"] == 8
+    assert manifest["decoder"]["tie_embeddings"] is False  # served as an untied graph: the engine is unchanged
+
+
+def test_train_builtin_options_parse_into_the_training_configuration() -> None:
+    import argparse
+
+    from service.training.cli import add_train_builtin
+
+    parser = argparse.ArgumentParser()
+    add_train_builtin(parser.add_subparsers())
+    args = parser.parse_args(["train-builtin", "out", "--tie-embeddings", "--repeats", "6", "--lr", "0.001"])
+    assert (args.tie_embeddings, args.repeats, args.lr, args.drills) == (True, 6, 0.001, 0)
+    assert parser.parse_args(["train-builtin", "out"]).tie_embeddings is False

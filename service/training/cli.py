@@ -10,7 +10,7 @@ from pathlib import Path
 
 _OPTIONS = (
     "seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "head_dim", "intermediate_size",
-    "threads", "copy_weight", "drills",
+    "threads", "copy_weight", "drills", "repeats", "tie_embeddings",
 )  # fmt: skip
 
 
@@ -27,7 +27,11 @@ def add_train_builtin(subparsers: argparse._SubParsersAction) -> None:
     defaults = {f.name: getattr(DEFAULT_TRAIN_CONFIG, f.name) for f in fields(DEFAULT_TRAIN_CONFIG)}
     for name in _OPTIONS:
         value = defaults[name]
-        p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value, help=f"default {value}")
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=value, help=f"default {value}")
+        else:
+            p.add_argument(flag, type=type(value), default=value, help=f"default {value}")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_train_builtin)
 

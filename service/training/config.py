@@ -32,6 +32,13 @@ class TrainConfig:
     # Copy drills added to the corpus (corpus.make_drills: lookups in a user turn, after-tool contrast
     # pairs), drawn from their own seed; 0 trains on the corpus alone.
     drills: int = 0
+    # Repeat drills (corpus.make_repeats: random numbers listed, then repeated back in order): short
+    # samples that train the continuation copy of multi-token numbers; 0 trains without them.
+    repeats: int = 0
+    # Train the output head tied to the input embedding (one table). The exported model stays untied (the
+    # head is a copy of the table): serving is unchanged. Tied, a copy circuit maps a token's embedding to
+    # its own logit for every token at once, which an untied head must learn row by row.
+    tie_embeddings: bool = False
 
     def decoder(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(

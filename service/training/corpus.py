@@ -351,6 +351,28 @@ def _contrast_pair(rng: np.random.Generator) -> list[Sample]:
     ]
 
 
+def _repeat_drill(rng: np.random.Generator) -> Sample:
+    """A user turn lists two to six numbers of the tool outputs' kinds and asks for them back, in order.
+    The values are random, so no memorised number helps: each token after a number's first is the
+    token that followed the previous one in the prompt, the continuation copy (an induction head) that
+    the answers after a tool result need and the model has not learnt from the corpus alone."""
+    specs = [_NUMERIC[int(rng.integers(len(_NUMERIC)))] for _ in range(int(rng.integers(2, 7)))]
+    values = [str(s.output(rng, _pick(rng, s.values))[s.salient]) for s in specs]
+    effort = EFFORTS[int(rng.integers(3))]
+    listed = _pick(rng, [", ", " and ", "; "]).join(values)
+    ask = _pick(rng, ["Repeat these numbers: {l}", "Say these back to me: {l}", "Copy this list: {l}", "Read out: {l}"])
+    think = _reasoning(["The user wants the numbers repeated.", "I will copy them in order.", "Nothing else."], effort)
+    answer = _pick(rng, ["{l}.", "Here they are: {l}.", "You said {l}."]).format(l=listed)
+    request = PromptRequest(items=[_user(ask.format(l=listed))], instructions=None, tools=(), reasoning_effort=effort)
+    return Sample(request, (Step("analysis", think), Step("final", answer)), "answer")
+
+
+def make_repeats(seed: int, count: int) -> list[Sample]:
+    """Repeat drills added to the corpus (`TrainConfig.repeats`), from their own seed."""
+    rng = np.random.default_rng(seed)
+    return [_repeat_drill(rng) for _ in range(count)]
+
+
 def make_drills(seed: int, count: int) -> list[Sample]:
     """Copy drills added to the corpus (`TrainConfig.drills`): lookups in a user turn and after-tool
     contrast pairs, half each. Drawn from their own seed, so the corpus's samples stay as they are."""

@@ -1,7 +1,8 @@
 """The decoder in torch: the architecture the engine serves (service/engine/weights.reference_forward),
 with the same parameter names and layouts (Hugging Face Llama: [out, in]), over a compact vocabulary.
 
-RMSNorm, rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, untied head.
+RMSNorm, rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, untied head (or, in
+training only, a head tied to the embedding).
 Only the training command imports this module (torch is a build-time extra)."""
 
 from __future__ import annotations
@@ -88,11 +89,13 @@ class Backbone(nn.Module):
 class Decoder(nn.Module):
     """`config.vocab_size` is the compact vocabulary; state_dict() keys are the engine's weight names."""
 
-    def __init__(self, config: DecoderConfig, max_len: int = 1024) -> None:
+    def __init__(self, config: DecoderConfig, max_len: int = 1024, tie_embeddings: bool = False) -> None:
         super().__init__()
         self.config = config
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if tie_embeddings:  # trained as one table; state_dict() still has both names (the export copies it)
+            self.lm_head.weight = self.model.embed_tokens.weight
         half = config.head_dim // 2
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) * 2 / config.head_dim))
         freqs = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)

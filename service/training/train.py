@@ -14,10 +14,11 @@ from tqdm import tqdm
 
 from service.engine.config import DecoderConfig
 from service.training.config import TrainConfig
-from service.training.corpus import Renderer, make_drills, make_samples
+from service.training.corpus import Renderer, make_drills, make_repeats, make_samples
 from service.training.model import Decoder
 
 DRILL_SEED_OFFSET = 1_000_003  # the drills' seed: far from the held-out seed (424242) and the corpus's
+REPEAT_SEED_OFFSET = 2_000_003  # the repeat drills' seed
 UNK = 0  # compact index of every id the corpus never uses (inputs only: it is never a target)
 
 
@@ -42,11 +43,12 @@ class Corpus:
     target_ids: np.ndarray
 
 
-def build_corpus(seed: int, count: int, renderer: Renderer | None = None, drills: int = 0) -> Corpus:
+def build_corpus(seed: int, count: int, renderer: Renderer | None = None, drills: int = 0, repeats: int = 0) -> Corpus:
     renderer = renderer or Renderer()
     rendered = []
     copied = []
-    for sample in make_samples(seed, count) + make_drills(seed + DRILL_SEED_OFFSET, drills):
+    extra = make_drills(seed + DRILL_SEED_OFFSET, drills) + make_repeats(seed + REPEAT_SEED_OFFSET, repeats)
+    for sample in make_samples(seed, count) + extra:
         completion, marks = renderer.marked_completion(sample.completion, sample.salient)
         rendered.append((renderer.prompt(sample), completion))
         copied.append(np.array(marks, dtype=bool))
@@ -116,13 +118,16 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     started = time.monotonic()
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    log(f"rendering {cfg.samples} synthetic conversations and {cfg.drills} copy drills (seed {cfg.seed})")
-    corpus = build_corpus(cfg.seed, cfg.samples, drills=cfg.drills)
+    log(
+        f"rendering {cfg.samples} synthetic conversations, {cfg.drills} copy drills and {cfg.repeats} repeat "
+        f"drills (seed {cfg.seed})"
+    )
+    corpus = build_corpus(cfg.seed, cfg.samples, drills=cfg.drills, repeats=cfg.repeats)
     vocab_size = len(corpus.vocab_ids) + 1
     decoder = cfg.decoder(vocab_size)
     max_len = max(len(s) for s in corpus.sequences)
     log(f"compact vocabulary {vocab_size} ids ({len(corpus.target_ids)} writable), longest sequence {max_len}")
-    model = Decoder(decoder, max_len=max_len)
+    model = Decoder(decoder, max_len=max_len, tie_embeddings=cfg.tie_embeddings)
     # Ids the corpus never writes get no probability mass, in training as in the exported model.
     index = {int(t): i + 1 for i, t in enumerate(corpus.vocab_ids)}
     bias = torch.full((vocab_size,), float("-inf"))
