@@ -36,7 +36,7 @@ TINY = TrainConfig(
 def test_completions_are_what_the_server_constrains_and_parses() -> None:
     renderer = Renderer()
     fmt = renderer.fmt
-    samples = make_samples(11, 60)
+    samples = make_samples(11, 30)
     assert {s.kind for s in samples} == {"answer", "call", "after_tool"}
     for sample in samples:
         prompt = renderer.prompt(sample)
