@@ -148,12 +148,19 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from service.key_cli import authentication_mode
     from service.models import load_runtime
     from service.observability import configure_logging
-    from service.store.db import migrate_sync
+    from service.store.db import DatabaseUnavailable, migrate_when_reachable
 
     configure_logging(args.log_level)
     log = logging.getLogger(__name__)
+
+    def waiting(error: DatabaseUnavailable, delay: float) -> None:
+        log.warning("%s; trying again in %.1fs", error, delay)
+
     with _remembering_ctrl_c():  # checked when start-up ends, before the server takes SIGINT over
-        log.info("database %s", migrate_sync(settings.database_url).describe())
+        # A server started beside its database (or during a network blip) waits for it as long as
+        # a running server would wait out an outage.
+        migrated = migrate_when_reachable(settings.database_url, settings.store_outage_seconds, waiting)
+        log.info("database %s", migrated.describe())
         mode = authentication_mode(settings, host=args.host, allow_unauthenticated=args.allow_unauthenticated)
         runtime = load_runtime(settings)
     log.log(logging.WARNING if mode.startswith("unauthenticated") else logging.INFO, mode)

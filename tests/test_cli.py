@@ -55,6 +55,19 @@ def test_unreachable_and_unusable_databases(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("migrate", SERVICE_DATABASE_URL=sync_driver), "not usable", "async driver")
 
 
+def test_serve_waits_for_an_unreachable_database_then_gives_up() -> None:
+    """A refused connection may be a database still starting: `serve` tries again until
+    SERVICE_STORE_OUTAGE_SECONDS have passed, saying so, then ends with the one-line error."""
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/x"
+    started = time.monotonic()
+    result = run_cli("serve", "--log-level", "warning", SERVICE_DATABASE_URL=url, SERVICE_STORE_OUTAGE_SECONDS="1.5")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: cannot open the database"), lines[-1]
+    assert len(lines) >= 3 and all("trying again" in line for line in lines[:-1]), lines
+    assert time.monotonic() - started >= 1.0
+
+
 def test_a_sqlite_file_that_cannot_open_leaves_no_worker_behind(tmp_path: Path) -> None:
     """aiosqlite stops a failed connection's worker without waiting; if the loop closed first, the worker
     printed a traceback after the one-line error (seen under load). The failure path joins it."""

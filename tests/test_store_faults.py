@@ -89,6 +89,21 @@ def test_a_long_outage_fails_foreground_runs_and_background_runs_wait(
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
+def test_a_server_started_during_an_outage_waits_for_its_database(
+    proxied_postgres: tuple[str, FaultProxy], server_factory: ServerFactory
+) -> None:
+    """A server (re)started while its database is unreachable (restarted together, a network cut)
+    waits for it, up to SERVICE_STORE_OUTAGE_SECONDS, instead of exiting."""
+    url, proxy = proxied_postgres
+    proxy.cut(3.0)
+    server = server_factory(url).start()
+    assert not proxy.down  # it could only have started once the database was back
+    log = server.log_path.read_text()
+    assert "cannot open the database" in log and "trying again" in log
+    reply = client_for(server.url).responses.create(input="Hello", max_output_tokens=8)
+    assert reply.status in ("completed", "incomplete")
+
+
 def _sdk(body: dict[str, Any]) -> dict[str, Any]:
     """REQUEST as keyword arguments of client.responses.create (seed is an extension)."""
     kwargs = {k: v for k, v in body.items() if k != "seed"}

@@ -16,7 +16,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,12 +30,20 @@ from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from service.store.faults import backoff_seconds, is_transient
+
 CONNECT_TIMEOUT_SECONDS = 10
 
 
 class DatabaseUnavailable(RuntimeError):
     """The database cannot be opened: a bad URL, an unreachable server, a database that does not
-    exist, a file that cannot be created. The message is one line meant for the person running it."""
+    exist, a file that cannot be created. The message is one line meant for the person running it.
+    `transient`: the same attempt can succeed later (a server restarting, a connection cut), as
+    opposed to a problem that only the person can fix (no such database, a wrong password)."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,10 @@ def _unavailable(url: str, error: BaseException) -> DatabaseUnavailable:
         hint = f" (create it first: createdb {database})"
     elif is_sqlite(url) and "unable to open" in text:
         hint = " (does the directory exist and is it writable?)"
-    return DatabaseUnavailable(f"cannot open the database {describe_url(url)}: {text}{hint}")
+    # SQLite's "unable to open" is worth a writer's retry mid-run, not a wait at start-up: there it
+    # means a missing directory or a read-only file.
+    transient = is_transient(error) and not (is_sqlite(url) and ("unable to open" in text or "readonly" in text))
+    return DatabaseUnavailable(f"cannot open the database {describe_url(url)}: {text}{hint}", transient=transient)
 
 
 async def current_revision(url: str) -> str | None:
@@ -217,7 +228,12 @@ def migrate_sync(url: str) -> MigrationResult:
     """Upgrade to the head revision; says where the database was and where it is now."""
     before = asyncio.run(current_revision(url))
     if before != head_revision():
-        command.upgrade(alembic_config(url), "head")
+        try:
+            command.upgrade(alembic_config(url), "head")  # one transaction: a cut rolls it back
+        except (exc.DBAPIError, OSError) as error:
+            if not is_transient(error):
+                raise
+            raise _unavailable(url, error) from error
     after = asyncio.run(current_revision(url))
     database = make_url(url).database
     if is_sqlite(url) and database and database != ":memory:":
@@ -225,6 +241,27 @@ def migrate_sync(url: str) -> MigrationResult:
         with contextlib.closing(sqlite3.connect(database, timeout=30)) as connection:
             _switch_to_wal(connection.cursor())
     return MigrationResult(describe_url(url), before, after)
+
+
+def migrate_when_reachable(
+    url: str, patience_seconds: float, on_wait: Callable[[DatabaseUnavailable, float], None]
+) -> MigrationResult:
+    """`migrate_sync`, waiting out a database that cannot be reached yet (its server restarting, a
+    network cut) for up to `patience_seconds`, as a server starting beside its database must;
+    a problem that waiting cannot fix (no such database, a wrong password, a bad URL) fails at once.
+    `on_wait(error, delay)` is told before each wait."""
+    deadline = time.monotonic() + patience_seconds
+    attempt = 0
+    while True:
+        try:
+            return migrate_sync(url)
+        except DatabaseUnavailable as error:
+            delay = backoff_seconds(attempt, first=0.2, cap=2.0)
+            if not error.transient or time.monotonic() + delay > deadline:
+                raise
+            on_wait(error, delay)
+            time.sleep(delay)
+            attempt += 1
 
 
 async def migrate(url: str) -> MigrationResult:
