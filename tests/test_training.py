@@ -234,6 +234,41 @@ def test_a_head_trained_tied_is_exported_as_a_copy_of_the_embedding(tmp_path: Pa
     assert manifest["decoder"]["tie_embeddings"] is False  # served as an untied graph: the engine is unchanged
 
 
+@needs_torch
+def test_induction_lists_are_written_twice_and_only_the_predictable_repeat_is_trained() -> None:
+    from service.training.train import INDUCTION_LENGTHS, induction_batch
+
+    writable = np.arange(10, 60, dtype=np.int64)
+    ids, labels, weights = induction_batch(writable, np.random.default_rng(0), size=32)
+    assert ids.shape == labels.shape == weights.shape and ids.shape[0] == 32
+    for row_ids, row_labels in zip(ids.numpy(), labels.numpy(), strict=True):
+        trained = np.flatnonzero(row_labels != -100)
+        length = len(trained) + 1  # the repeat's first token is not predictable, so not trained
+        assert INDUCTION_LENGTHS[0] <= length <= INDUCTION_LENGTHS[1]
+        first, second = row_ids[:length], row_ids[length : 2 * length]
+        assert set(first.tolist()) <= set(writable.tolist())
+        np.testing.assert_array_equal(first, second)
+        np.testing.assert_array_equal(trained, np.arange(length, 2 * length - 1))
+        np.testing.assert_array_equal(row_labels[trained], second[1:])  # each label is the next input token
+    again, _, _ = induction_batch(writable, np.random.default_rng(0), size=32)
+    np.testing.assert_array_equal(ids.numpy(), again.numpy())
+
+
+@needs_torch
+def test_an_induction_warm_up_trains_before_the_corpus_and_is_measured() -> None:
+    from service.training.train import train
+
+    cfg = replace(TINY, steps=2, induction_steps=3)
+    first = train(cfg, progress=False, log=lambda _msg: None)
+    again = train(cfg, progress=False, log=lambda _msg: None)
+    for name, w in first.weights.items():
+        np.testing.assert_array_equal(w, again.weights[name], err_msg=name)
+    plain = train(replace(TINY, steps=2), progress=False, log=lambda _msg: None)
+    assert not np.array_equal(first.weights["lm_head.weight"], plain.weights["lm_head.weight"])
+    assert 0.0 <= first.metrics["induction_copy_accuracy"] <= 1.0
+    assert first.metrics["steps"] == 2 and first.metrics["induction_steps"] == 3
+
+
 def test_train_builtin_options_parse_into_the_training_configuration() -> None:
     import argparse
 
@@ -241,6 +276,8 @@ def test_train_builtin_options_parse_into_the_training_configuration() -> None:
 
     parser = argparse.ArgumentParser()
     add_train_builtin(parser.add_subparsers())
-    args = parser.parse_args(["train-builtin", "out", "--tie-embeddings", "--repeats", "6", "--lr", "0.001"])
-    assert (args.tie_embeddings, args.repeats, args.lr, args.drills) == (True, 6, 0.001, 0)
+    args = parser.parse_args(
+        ["train-builtin", "out", "--tie-embeddings", "--repeats", "6", "--lr", "0.001", "--induction-steps", "5"]
+    )
+    assert (args.tie_embeddings, args.repeats, args.lr, args.drills, args.induction_steps) == (True, 6, 0.001, 0, 5)
     assert parser.parse_args(["train-builtin", "out"]).tie_embeddings is False

@@ -39,6 +39,10 @@ class TrainConfig:
     # head is a copy of the table): serving is unchanged. Tied, a copy circuit maps a token's embedding to
     # its own logit for every token at once, which an untied head must learn row by row.
     tie_embeddings: bool = False
+    # Steps of an induction warm-up before the corpus (train.induction_batch: random lists of writable
+    # tokens written twice, the second copy trained): the "what followed this token last time" circuit
+    # that copying a multi-token number needs, taught alone first; 0 starts on the corpus.
+    induction_steps: int = 0
 
     def decoder(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(

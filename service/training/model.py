@@ -113,9 +113,14 @@ class Decoder(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [b, n] -> logits [b, n, vocab]."""
+        return self.lm_head(self.hidden(ids))
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [b, n] -> the final norm's output [b, n, hidden]: training applies the head only where
+        a label is (a fraction of the positions; the head is the largest matmul of this small model)."""
         n = ids.shape[1]
         cos, sin = self.cos[:n], self.sin[:n]
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
-        return self.lm_head(self.model.norm(x))
+        return self.model.norm(x)

@@ -19,6 +19,7 @@ from service.training.model import Decoder
 
 DRILL_SEED_OFFSET = 1_000_003  # the drills' seed: far from the held-out seed (424242) and the corpus's
 REPEAT_SEED_OFFSET = 2_000_003  # the repeat drills' seed
+INDUCTION_SEED_OFFSET = 3_000_017  # the induction warm-up's lists
 UNK = 0  # compact index of every id the corpus never uses (inputs only: it is never a target)
 
 
@@ -91,6 +92,36 @@ def _tensors(
     return torch.from_numpy(ids), torch.from_numpy(labels), torch.from_numpy(weights)
 
 
+INDUCTION_BATCH = 64  # lists per induction step: short sequences, so a larger batch costs little
+INDUCTION_LENGTHS = (4, 32)  # tokens per list, inclusive
+
+
+def induction_batch(
+    writable: np.ndarray, rng: np.random.Generator, size: int = INDUCTION_BATCH
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random lists of writable compact ids, each written twice; the second copy's tokens but its
+    first are trained. Nothing memorised predicts them: only looking up the token that followed the
+    current one in the first copy does (an induction head), as the rest of a multi-token number does."""
+    lengths = rng.integers(INDUCTION_LENGTHS[0], INDUCTION_LENGTHS[1] + 1, size=size)
+    n = 2 * int(lengths.max())
+    ids = np.zeros((size, n), dtype=np.int64)
+    labels = np.full((size, n), -100, dtype=np.int64)
+    for row, length in enumerate(lengths.tolist()):
+        seq = rng.choice(writable, size=length)
+        ids[row, : 2 * length] = np.concatenate([seq, seq])
+        labels[row, length : 2 * length - 1] = seq[1:]
+    return torch.from_numpy(ids), torch.from_numpy(labels), torch.ones((size, n), dtype=torch.float32)
+
+
+def induction_accuracy(model: Decoder, writable: np.ndarray, bias: torch.Tensor, seed: int) -> float:
+    """Greedy next-token accuracy on the trained positions of held-out induction lists."""
+    ids, labels, _ = induction_batch(writable, np.random.default_rng(seed), size=256)
+    mask = labels != -100
+    with torch.no_grad():
+        predicted = (model.lm_head(model.hidden(ids)[mask]) + bias).argmax(-1)
+    return float((predicted == labels[mask]).float().mean())
+
+
 def _loss(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, cfg: TrainConfig
 ) -> tuple[torch.Tensor, float]:
@@ -108,9 +139,10 @@ def _loss(
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay over every step (induction warm-up and corpus alike)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    t = (step - cfg.warmup) / max(1, cfg.steps + cfg.induction_steps - cfg.warmup)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + np.cos(np.pi * min(1.0, t)))
 
 
@@ -144,16 +176,23 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     smooth: float | None = None
     losses: list[float] = []
     tokens = 0
-    bar = tqdm(range(cfg.steps), desc="training", disable=not progress, unit="step")
+    writable = np.array([index[int(t)] for t in corpus.target_ids], dtype=np.int64)
+    induction_rng = np.random.default_rng(cfg.seed + INDUCTION_SEED_OFFSET)
+    total = cfg.induction_steps + cfg.steps
+    bar = tqdm(range(total), desc="training", disable=not progress, unit="step")
     model.train()
     for step in bar:
-        if not batches:
-            batches = _batches(corpus, cfg, rng)
-        ids, labels, weights = _tensors(corpus, batches.pop(), cfg, rng)
+        if step < cfg.induction_steps:
+            ids, labels, weights = induction_batch(writable, induction_rng)
+        else:
+            if not batches:
+                batches = _batches(corpus, cfg, rng)
+            ids, labels, weights = _tensors(corpus, batches.pop(), cfg, rng)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        logits = model(ids) + bias
-        loss, value = _loss(logits, labels, weights, cfg)
+        trained = labels != -100
+        logits = model.lm_head(model.hidden(ids)[trained]) + bias
+        loss, value = _loss(logits, labels[trained], weights[trained], cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -162,16 +201,22 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         tokens += int((labels != -100).sum())
         smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
         bar.set_postfix(loss=f"{smooth:.4f}", lr=f"{_lr(step, cfg):.1e}")
+        if step + 1 == cfg.induction_steps:
+            copied = induction_accuracy(model, writable, bias, cfg.seed + INDUCTION_SEED_OFFSET + 1)
+            log(f"induction warm-up done: held-out lists copied {copied:.1%} token by token")
+            smooth = None
     bar.close()
     weights = {name: t.detach().float().numpy().copy() for name, t in model.state_dict().items()}
     metrics = {
         "final_loss": float(np.mean(losses[-50:])),
         "steps": cfg.steps,
+        "induction_steps": cfg.induction_steps,
+        "induction_copy_accuracy": induction_accuracy(model, writable, bias, cfg.seed + INDUCTION_SEED_OFFSET + 1),
         "completion_tokens_trained": tokens,
         "train_seconds": round(time.monotonic() - started, 1),
         "torch_version": torch.__version__,
     }
-    log(f"trained {cfg.steps} steps in {metrics['train_seconds']}s, loss {metrics['final_loss']:.4f}")
+    log(f"trained {total} steps in {metrics['train_seconds']}s, loss {metrics['final_loss']:.4f}")
     return TrainedModel(cfg, decoder, weights, corpus.vocab_ids, corpus.target_ids, metrics)
 
 
