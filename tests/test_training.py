@@ -269,6 +269,24 @@ def test_an_induction_warm_up_trains_before_the_corpus_and_is_measured() -> None
     assert first.metrics["steps"] == 2 and first.metrics["induction_steps"] == 3
 
 
+@needs_torch
+def test_interleaved_induction_steps_come_after_every_k_corpus_steps_and_add_to_them() -> None:
+    from service.training.train import is_induction_step, total_steps
+
+    cfg = replace(TINY, steps=6, induction_steps=2, induction_every=3)
+    schedule = [is_induction_step(step, cfg) for step in range(total_steps(cfg))]
+    assert schedule == [True, True, False, False, False, True, False, False, False, True]
+    assert schedule.count(False) == cfg.steps  # the corpus gets all its steps
+    plain = replace(TINY, steps=6)
+    assert total_steps(plain) == 6 and not any(is_induction_step(s, plain) for s in range(6))
+
+    from service.training.train import train
+
+    model = train(replace(TINY, steps=4, induction_steps=1, induction_every=2), progress=False, log=lambda _m: None)
+    assert model.metrics["induction_every"] == 2 and model.metrics["induction_tokens_trained"] > 0
+    assert np.isfinite(model.metrics["final_loss"])
+
+
 def test_train_builtin_options_parse_into_the_training_configuration() -> None:
     import argparse
 

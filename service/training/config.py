@@ -43,6 +43,9 @@ class TrainConfig:
     # tokens written twice, the second copy trained): the "what followed this token last time" circuit
     # that copying a multi-token number needs, taught alone first; 0 starts on the corpus.
     induction_steps: int = 0
+    # After the warm-up, one more induction step after every K corpus steps (extra steps: the corpus still
+    # gets `steps`), so that the list copy is kept while the corpus is learnt; 0: none.
+    induction_every: int = 0
 
     def decoder(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(

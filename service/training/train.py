@@ -138,11 +138,25 @@ def _loss(
     return (per_token * weights.view(-1)).sum() / count, (per_token.sum() / count).item()
 
 
+def total_steps(cfg: TrainConfig) -> int:
+    """Optimizer steps in all: the warm-up, the corpus's, and the induction steps interleaved with them."""
+    interleaved = cfg.steps // cfg.induction_every if cfg.induction_every > 0 else 0
+    return cfg.induction_steps + cfg.steps + interleaved
+
+
+def is_induction_step(step: int, cfg: TrainConfig) -> bool:
+    """The warm-up's steps, then every (induction_every + 1)-th step: K corpus steps, one induction step."""
+    if step < cfg.induction_steps:
+        return True
+    k = cfg.induction_every
+    return k > 0 and (step - cfg.induction_steps) % (k + 1) == k
+
+
 def _lr(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up, then cosine decay over every step (induction warm-up and corpus alike)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps + cfg.induction_steps - cfg.warmup)
+    t = (step - cfg.warmup) / max(1, total_steps(cfg) - cfg.warmup)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + np.cos(np.pi * min(1.0, t)))
 
 
@@ -175,14 +189,15 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     batches: list[list[int]] = []
     smooth: float | None = None
     losses: list[float] = []
-    tokens = 0
+    tokens = listed = 0
     writable = np.array([index[int(t)] for t in corpus.target_ids], dtype=np.int64)
     induction_rng = np.random.default_rng(cfg.seed + INDUCTION_SEED_OFFSET)
-    total = cfg.induction_steps + cfg.steps
+    total = total_steps(cfg)
     bar = tqdm(range(total), desc="training", disable=not progress, unit="step")
     model.train()
     for step in bar:
-        if step < cfg.induction_steps:
+        listing = is_induction_step(step, cfg)
+        if listing:
             ids, labels, weights = induction_batch(writable, induction_rng)
         else:
             if not batches:
@@ -197,22 +212,26 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(value)
-        tokens += int((labels != -100).sum())
-        smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
-        bar.set_postfix(loss=f"{smooth:.4f}", lr=f"{_lr(step, cfg):.1e}")
         if step + 1 == cfg.induction_steps:
             copied = induction_accuracy(model, writable, bias, cfg.seed + INDUCTION_SEED_OFFSET + 1)
             log(f"induction warm-up done: held-out lists copied {copied:.1%} token by token")
-            smooth = None
+        if listing:  # the lists' loss and tokens are not the corpus's: kept apart
+            listed += int(trained.sum())
+            continue
+        losses.append(value)
+        tokens += int(trained.sum())
+        smooth = value if smooth is None else 0.98 * smooth + 0.02 * value
+        bar.set_postfix(loss=f"{smooth:.4f}", lr=f"{_lr(step, cfg):.1e}")
     bar.close()
     weights = {name: t.detach().float().numpy().copy() for name, t in model.state_dict().items()}
     metrics = {
         "final_loss": float(np.mean(losses[-50:])),
         "steps": cfg.steps,
         "induction_steps": cfg.induction_steps,
+        "induction_every": cfg.induction_every,
         "induction_copy_accuracy": induction_accuracy(model, writable, bias, cfg.seed + INDUCTION_SEED_OFFSET + 1),
         "completion_tokens_trained": tokens,
+        "induction_tokens_trained": listed,
         "train_seconds": round(time.monotonic() - started, 1),
         "torch_version": torch.__version__,
     }
