@@ -115,9 +115,13 @@ class Decoder(nn.Module):
         """ids [b, n] -> logits [b, n, vocab]."""
         return self.lm_head(self.hidden(ids))
 
+    def logits_at(self, ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        """ids [b, n], where [b, n] bool -> logits [k, vocab] at the k positions where is true: training
+        and its checks need them only where a label is, and the head is this small model's largest matmul."""
+        return self.lm_head(self.hidden(ids)[where])
+
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [b, n] -> the final norm's output [b, n, hidden]: training applies the head only where
-        a label is (a fraction of the positions; the head is the largest matmul of this small model)."""
+        """ids [b, n] -> the final norm's output [b, n, hidden]."""
         n = ids.shape[1]
         cos, sin = self.cos[:n], self.sin[:n]
         x = self.model.embed_tokens(ids)

@@ -118,7 +118,7 @@ def induction_accuracy(model: Decoder, writable: np.ndarray, bias: torch.Tensor,
     ids, labels, _ = induction_batch(writable, np.random.default_rng(seed), size=256)
     mask = labels != -100
     with torch.no_grad():
-        predicted = (model.lm_head(model.hidden(ids)[mask]) + bias).argmax(-1)
+        predicted = (model.logits_at(ids, mask) + bias).argmax(-1)
     return float((predicted == labels[mask]).float().mean())
 
 
@@ -192,6 +192,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     tokens = listed = 0
     writable = np.array([index[int(t)] for t in corpus.target_ids], dtype=np.int64)
     induction_rng = np.random.default_rng(cfg.seed + INDUCTION_SEED_OFFSET)
+    held_out_lists = cfg.seed + INDUCTION_SEED_OFFSET + 1  # the lists induction_accuracy measures on
     total = total_steps(cfg)
     bar = tqdm(range(total), desc="training", disable=not progress, unit="step")
     model.train()
@@ -206,14 +207,14 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
         trained = labels != -100
-        logits = model.lm_head(model.hidden(ids)[trained]) + bias
+        logits = model.logits_at(ids, trained) + bias
         loss, value = _loss(logits, labels[trained], weights[trained], cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step + 1 == cfg.induction_steps:
-            copied = induction_accuracy(model, writable, bias, cfg.seed + INDUCTION_SEED_OFFSET + 1)
+            copied = induction_accuracy(model, writable, bias, held_out_lists)
             log(f"induction warm-up done: held-out lists copied {copied:.1%} token by token")
         if listing:  # the lists' loss and tokens are not the corpus's: kept apart
             listed += int(trained.sum())
@@ -229,7 +230,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         "steps": cfg.steps,
         "induction_steps": cfg.induction_steps,
         "induction_every": cfg.induction_every,
-        "induction_copy_accuracy": induction_accuracy(model, writable, bias, cfg.seed + INDUCTION_SEED_OFFSET + 1),
+        "induction_copy_accuracy": induction_accuracy(model, writable, bias, held_out_lists),
         "completion_tokens_trained": tokens,
         "induction_tokens_trained": listed,
         "train_seconds": round(time.monotonic() - started, 1),
