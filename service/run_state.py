@@ -111,6 +111,9 @@ def replay_run(
     logged events; events the replay regenerates beyond the log (e.g. `response.in_progress` of a run
     never started) are left in `pending` to be appended. A logged tool result is fed back exactly as it
     was the first time (service/tool_state.py), so the continuation is the same."""
+    if [e["sequence_number"] for e in logged] != list(range(len(logged))):
+        # Left by a version that could commit past a cut-off commit: replaying cannot continue it.
+        raise ReplayDiverged(f"the logged events of {response_id} have a hole in their sequence numbers")
     builder = StreamBuilder(fact["response"])
     parser = chat_format.new_parser()
     regenerated = builder.created() + builder.in_progress() + builder.compaction(fact.get("compaction_item"))

@@ -217,3 +217,68 @@ async def test_a_failed_deferred_prefill_fails_only_its_run(harness: Harness) ->
     final = await harness.commands.get(fine, project=DEFAULT_PROJECT)
     assert final["output"][0]["content"][0]["text"] == harness.engine.script
     assert doomed not in harness.supervisor.active
+
+
+async def test_stopping_during_a_commit_leaves_no_gap_in_the_log(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that lands while the loop waits for a group commit must let that commit finish (or the
+    backlog behind it would land after a hole), and whoever claims the run next continues it exactly."""
+    original = recorder.commit_step
+    slow_commit_started = asyncio.Event()
+
+    async def slow(db: Any, owner: str, writes: Any, **kwargs: Any) -> Any:
+        if any(w.events and w.events[0]["sequence_number"] > 5 for w in writes):
+            slow_commit_started.set()
+            await asyncio.sleep(0.4)  # the engine fills the backlog meanwhile and the loop waits for this commit
+        return await original(db, owner, writes, **kwargs)
+
+    monkeypatch.setattr(recorder, "commit_step", slow)
+    harness.engine.step_delay = 0.01
+    rid = await _create(harness)
+    await harness.supervisor.start()
+    await asyncio.wait_for(slow_commit_started.wait(), 20)
+    await asyncio.sleep(0.3)
+    await harness.supervisor.stop()
+    events = await _events(harness, rid)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+    successor = RunSupervisor(harness.db, harness.supervisor.runtime, Notifier(), harness.supervisor.settings)
+    await successor.start()
+    try:
+
+        async def done() -> bool:
+            return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+        await _wait(done)
+    finally:
+        await successor.stop()
+    final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
+    assert final["output"][0]["content"][0]["text"] == harness.engine.script
+    events = await _events(harness, rid)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+async def test_a_run_whose_log_has_a_hole_fails_instead_of_being_claimed_forever(harness: Harness) -> None:
+    """An older version could leave a hole in a run's sequence numbers; replay cannot continue such a
+    run, so it is failed right after its last logged event rather than conflicting on every claim."""
+    rid = await _start_one_slow_run(harness)
+    await harness.supervisor.stop()
+    async with harness.db.begin() as connection:
+        await connection.execute(
+            sa.text("DELETE FROM events WHERE response_id = :r AND sequence_number = 4"), {"r": rid}
+        )
+    successor = RunSupervisor(harness.db, harness.supervisor.runtime, Notifier(), harness.supervisor.settings)
+    await successor.start()
+    try:
+
+        async def failed() -> bool:
+            return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "failed"
+
+        await _wait(failed)
+    finally:
+        await successor.stop()
+    error = (await harness.commands.get(rid, project=DEFAULT_PROJECT))["error"]
+    assert error["code"] == "server_error" and "hole" in error["message"]
+    numbers = [e["sequence_number"] for e in await _events(harness, rid)]
+    assert numbers[-1] == numbers[-2] + 1 and 4 not in numbers
