@@ -255,6 +255,31 @@ def test_induction_lists_are_written_twice_and_only_the_predictable_repeat_is_tr
 
 
 @needs_torch
+def test_cued_lists_repeat_one_list_named_by_its_first_token_and_train_only_the_repeat() -> None:
+    from service.training.train import CUED_LENGTHS, cued_lists_batch, induction_batch, lists_batch
+
+    writable = np.arange(10, 400, dtype=np.int64)
+    ids, labels, _ = cued_lists_batch(writable, np.random.default_rng(0), 4, size=48)
+    counts = []
+    for row_ids, row_labels in zip(ids.numpy(), labels.numpy(), strict=True):
+        trained = np.flatnonzero(row_labels != -100)
+        repeat = row_ids[trained[0] : trained[-1] + 2]  # input positions: a label is the next one's token
+        np.testing.assert_array_equal(row_labels[trained], repeat[1:])  # each label is the next input token
+        assert CUED_LENGTHS[0] <= repeat.size <= CUED_LENGTHS[1]
+        written = row_ids[: trained[0]].tolist()
+        starts = [i for i, token in enumerate(written) if token == repeat[0]]
+        assert starts and written[starts[0] : starts[0] + repeat.size] == repeat.tolist()
+        assert (row_ids[trained[-1] + 2 :] == 0).all()  # padding only after it
+        counts.append(len(written) > repeat.size)
+    assert any(counts) and not all(counts), "samples with one list and with several"
+    again, _, _ = cued_lists_batch(writable, np.random.default_rng(0), 4, size=48)
+    np.testing.assert_array_equal(ids.numpy(), again.numpy())
+    # One list per sample is the plain induction batch, draw for draw (the shipped model's training).
+    plain, _, _ = lists_batch(writable, np.random.default_rng(3), 1, size=8)
+    np.testing.assert_array_equal(plain.numpy(), induction_batch(writable, np.random.default_rng(3), size=8)[0].numpy())
+
+
+@needs_torch
 def test_an_induction_warm_up_trains_before_the_corpus_and_is_measured() -> None:
     from service.training.train import train
 
@@ -285,6 +310,8 @@ def test_interleaved_induction_steps_come_after_every_k_corpus_steps_and_add_to_
     model = train(replace(TINY, steps=4, induction_steps=1, induction_every=2), progress=False, log=lambda _m: None)
     assert model.metrics["induction_every"] == 2 and model.metrics["induction_tokens_trained"] > 0
     assert np.isfinite(model.metrics["final_loss"])
+    cued = train(replace(TINY, steps=2, induction_steps=2, induction_lists=3), progress=False, log=lambda _m: None)
+    assert cued.metrics["induction_lists"] == 3 and 0.0 <= cued.metrics["induction_copy_accuracy"] <= 1.0
 
 
 def test_train_builtin_options_parse_into_the_training_configuration() -> None:
@@ -296,6 +323,8 @@ def test_train_builtin_options_parse_into_the_training_configuration() -> None:
     add_train_builtin(parser.add_subparsers())
     args = parser.parse_args(
         ["train-builtin", "out", "--tie-embeddings", "--repeats", "6", "--lr", "0.001", "--induction-steps", "5"]
+        + ["--induction-lists", "4"]
     )
     assert (args.tie_embeddings, args.repeats, args.lr, args.drills, args.induction_steps) == (True, 6, 0.001, 0, 5)
+    assert args.induction_lists == 4
     assert parser.parse_args(["train-builtin", "out"]).tie_embeddings is False

@@ -113,9 +113,51 @@ def induction_batch(
     return torch.from_numpy(ids), torch.from_numpy(labels), torch.ones((size, n), dtype=torch.float32)
 
 
-def induction_accuracy(model: Decoder, writable: np.ndarray, bias: torch.Tensor, seed: int) -> float:
+CUED_LENGTHS = (4, 16)  # tokens per list when several are written (train.cued_lists_batch)
+CUED_SHARED = 3  # tokens the lists of one sample share
+CUED_SHARED_RATE = 0.3  # how often a list's token (but its first) is one of the shared ones
+
+
+def cued_lists_batch(
+    writable: np.ndarray, rng: np.random.Generator, lists: int, size: int = INDUCTION_BATCH
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sample: 1 to `lists` random lists that share a few tokens, then one of them again, the
+    repeat's tokens but its first trained. Its first token starts no other list, so it tells which list
+    is repeated; after a shared token, only the tokens before it say what comes next."""
+    rows: list[tuple[np.ndarray, int]] = []
+    for _ in range(size):
+        count = int(rng.integers(1, lists + 1))
+        shared = rng.choice(writable, size=CUED_SHARED, replace=False)
+        starts = rng.choice(np.setdiff1d(writable, shared), size=count, replace=False)
+        written = []
+        for start in starts.tolist():
+            body = rng.choice(writable, size=int(rng.integers(CUED_LENGTHS[0], CUED_LENGTHS[1] + 1)) - 1)
+            swap = rng.random(body.size) < CUED_SHARED_RATE
+            body[swap] = rng.choice(shared, size=int(swap.sum()))
+            written.append(np.concatenate([[start], body]))
+        repeated = written[int(rng.integers(count))]
+        rows.append((np.concatenate([*written, repeated]), repeated.size))
+    n = max(seq.size for seq, _ in rows)
+    ids = np.zeros((size, n), dtype=np.int64)
+    labels = np.full((size, n), -100, dtype=np.int64)
+    for row, (seq, repeat) in enumerate(rows):
+        ids[row, : seq.size] = seq
+        labels[row, seq.size - repeat : seq.size - 1] = seq[seq.size - repeat + 1 :]
+    return torch.from_numpy(ids), torch.from_numpy(labels), torch.ones((size, n), dtype=torch.float32)
+
+
+def lists_batch(
+    writable: np.ndarray, rng: np.random.Generator, lists: int, size: int = INDUCTION_BATCH
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An induction step's batch: one list written twice per sample, or cued lists (TrainConfig.induction_lists)."""
+    if lists <= 1:
+        return induction_batch(writable, rng, size)
+    return cued_lists_batch(writable, rng, lists, size)
+
+
+def induction_accuracy(model: Decoder, writable: np.ndarray, bias: torch.Tensor, seed: int, lists: int = 1) -> float:
     """Greedy next-token accuracy on the trained positions of held-out induction lists."""
-    ids, labels, _ = induction_batch(writable, np.random.default_rng(seed), size=256)
+    ids, labels, _ = lists_batch(writable, np.random.default_rng(seed), lists, size=256)
     mask = labels != -100
     with torch.no_grad():
         predicted = (model.logits_at(ids, mask) + bias).argmax(-1)
@@ -199,7 +241,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     for step in bar:
         listing = is_induction_step(step, cfg)
         if listing:
-            ids, labels, weights = induction_batch(writable, induction_rng)
+            ids, labels, weights = lists_batch(writable, induction_rng, cfg.induction_lists)
         else:
             if not batches:
                 batches = _batches(corpus, cfg, rng)
@@ -214,7 +256,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step + 1 == cfg.induction_steps:
-            copied = induction_accuracy(model, writable, bias, held_out_lists)
+            copied = induction_accuracy(model, writable, bias, held_out_lists, cfg.induction_lists)
             log(f"induction warm-up done: held-out lists copied {copied:.1%} token by token")
         if listing:  # the lists' loss and tokens are not the corpus's: kept apart
             listed += int(trained.sum())
@@ -230,7 +272,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         "steps": cfg.steps,
         "induction_steps": cfg.induction_steps,
         "induction_every": cfg.induction_every,
-        "induction_copy_accuracy": induction_accuracy(model, writable, bias, held_out_lists),
+        "induction_lists": cfg.induction_lists,
+        "induction_copy_accuracy": induction_accuracy(model, writable, bias, held_out_lists, cfg.induction_lists),
         "completion_tokens_trained": tokens,
         "induction_tokens_trained": listed,
         "train_seconds": round(time.monotonic() - started, 1),
