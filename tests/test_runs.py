@@ -219,6 +219,20 @@ async def test_a_failed_deferred_prefill_fails_only_its_run(harness: Harness) ->
     assert doomed not in harness.supervisor.active
 
 
+async def _run_on_a_successor_until(harness: Harness, response_id: str, status: str) -> None:
+    """A second supervisor (the harness's is stopped) claims the run and keeps it until it reaches `status`."""
+    successor = RunSupervisor(harness.db, harness.supervisor.runtime, Notifier(), harness.supervisor.settings)
+    await successor.start()
+    try:
+
+        async def reached() -> bool:
+            return (await harness.commands.get(response_id, project=DEFAULT_PROJECT))["status"] == status
+
+        await _wait(reached)
+    finally:
+        await successor.stop()
+
+
 async def test_stopping_during_a_commit_leaves_no_gap_in_the_log(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,16 +257,7 @@ async def test_stopping_during_a_commit_leaves_no_gap_in_the_log(
     events = await _events(harness, rid)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
 
-    successor = RunSupervisor(harness.db, harness.supervisor.runtime, Notifier(), harness.supervisor.settings)
-    await successor.start()
-    try:
-
-        async def done() -> bool:
-            return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
-
-        await _wait(done)
-    finally:
-        await successor.stop()
+    await _run_on_a_successor_until(harness, rid, "completed")
     final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
     assert final["output"][0]["content"][0]["text"] == harness.engine.script
     events = await _events(harness, rid)
@@ -268,16 +273,7 @@ async def test_a_run_whose_log_has_a_hole_fails_instead_of_being_claimed_forever
         await connection.execute(
             sa.text("DELETE FROM events WHERE response_id = :r AND sequence_number = 4"), {"r": rid}
         )
-    successor = RunSupervisor(harness.db, harness.supervisor.runtime, Notifier(), harness.supervisor.settings)
-    await successor.start()
-    try:
-
-        async def failed() -> bool:
-            return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "failed"
-
-        await _wait(failed)
-    finally:
-        await successor.stop()
+    await _run_on_a_successor_until(harness, rid, "failed")
     error = (await harness.commands.get(rid, project=DEFAULT_PROJECT))["error"]
     assert error["code"] == "server_error" and "hole" in error["message"]
     numbers = [e["sequence_number"] for e in await _events(harness, rid)]
