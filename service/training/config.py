@@ -46,10 +46,11 @@ class TrainConfig:
     # After the warm-up, one more induction step after every K corpus steps (extra steps: the corpus still
     # gets `steps`), so that the list copy is kept while the corpus is learnt; 0: none.
     induction_every: int = 0
-    # Lists per induction sample. 1: one list written twice. K > 1: up to K lists that share a few tokens,
-    # then one of them again, cued by its first token (no other list starts with it); a shared token's
-    # successor then follows only from the tokens before it, as a number's digits after a "." that
-    # other numbers in the context hold too.
+    # Lists per interleaved induction sample (the warm-up always writes one list twice: cued lists from
+    # the start did not form the circuit in 800 steps). 1: one list written twice. K > 1: up to K lists
+    # that share a few tokens, then one of them again, cued by its first token (no other list starts with
+    # it); a shared token's successor then follows only from the tokens before it, as a number's digits
+    # after a "." that other numbers in the context hold too.
     induction_lists: int = 1
 
     def decoder(self, vocab_size: int) -> DecoderConfig:

@@ -241,7 +241,8 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     for step in bar:
         listing = is_induction_step(step, cfg)
         if listing:
-            ids, labels, weights = lists_batch(writable, induction_rng, cfg.induction_lists)
+            lists = 1 if step < cfg.induction_steps else cfg.induction_lists  # the warm-up: one list each
+            ids, labels, weights = lists_batch(writable, induction_rng, lists)
         else:
             if not batches:
                 batches = _batches(corpus, cfg, rng)
@@ -256,7 +257,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step + 1 == cfg.induction_steps:
-            copied = induction_accuracy(model, writable, bias, held_out_lists, cfg.induction_lists)
+            copied = induction_accuracy(model, writable, bias, held_out_lists)
             log(f"induction warm-up done: held-out lists copied {copied:.1%} token by token")
         if listing:  # the lists' loss and tokens are not the corpus's: kept apart
             listed += int(trained.sum())
