@@ -198,6 +198,7 @@ def sample(
     Greedy when temperature == 0. finish_reason is left for the engine to set."""
     raw = np.asarray(logits, dtype=np.float32)
     masked = apply_penalties(raw, params, counts)
+    penalized = masked is not raw
     subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
     if subset is not None:
         masked = masked[subset]  # index j of the subset is token subset[j]
@@ -209,6 +210,11 @@ def sample(
         token = int(np.argmax(masked))
     elif masked is raw and params.temperature == 1.0:
         # raw / 1 == raw, so the draw's weights are exactly e: skip a second pass over the vocabulary.
+        token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
+    elif params.temperature == 1.0 and not penalized and subset is None and float(masked.max()) == m:
+        # A whole-vocabulary mask (a Harmony body's "any ordinary token") that keeps the best token: the
+        # weights exp(masked - m) are e where allowed and exp(-inf) = 0 elsewhere, the same float32 values.
+        e[np.isneginf(masked)] = 0.0
         token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
     else:
         token = _choose(masked, params, draw_uniform(params.seed, token_index))
