@@ -313,8 +313,8 @@ def test_interleaved_induction_steps_come_after_every_k_corpus_steps_and_add_to_
     cued_cfg = replace(TINY, steps=2, induction_steps=1, induction_every=1, induction_lists=3)
     cued = train(cued_cfg, progress=False, log=lambda _m: None)  # the interleaved steps write cued lists
     assert cued.metrics["induction_lists"] == 3 and 0.0 <= cued.metrics["induction_copy_accuracy"] <= 1.0
-    plain = train(replace(cued_cfg, induction_lists=1), progress=False, log=lambda _m: None)
-    assert not np.array_equal(cued.weights["lm_head.weight"], plain.weights["lm_head.weight"])
+    single = train(replace(cued_cfg, induction_lists=1), progress=False, log=lambda _m: None)
+    assert not np.array_equal(cued.weights["lm_head.weight"], single.weights["lm_head.weight"])
 
 
 def test_train_builtin_options_parse_into_the_training_configuration() -> None:
