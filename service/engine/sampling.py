@@ -208,13 +208,12 @@ def sample(
     lse = m + float(np.log(e.sum(dtype=np.float64)))  # before the draw, which may zero entries of e
     if params.temperature <= 0.0:
         token = int(np.argmax(masked))
-    elif masked is raw and params.temperature == 1.0:
-        # raw / 1 == raw, so the draw's weights are exactly e: skip a second pass over the vocabulary.
-        token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
-    elif params.temperature == 1.0 and not penalized and subset is None and float(masked.max()) == m:
-        # A whole-vocabulary mask (a Harmony body's "any ordinary token") that keeps the best token: the
-        # weights exp(masked - m) are e where allowed and exp(-inf) = 0 elsewhere, the same float32 values.
-        e[np.isneginf(masked)] = 0.0
+    elif params.temperature == 1.0 and not penalized and subset is None and (masked is raw or masked.max() == m):
+        # raw / 1 == raw, so the draw's weights exp(masked - m) are exactly e, but 0 (exp(-inf)) where a
+        # whole-vocabulary mask (a Harmony body's "any ordinary token") that keeps the best token rules ids out:
+        # no second pass over the vocabulary.
+        if masked is not raw:
+            e[np.isneginf(masked)] = 0.0
         token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
     else:
         token = _choose(masked, params, draw_uniform(params.seed, token_index))

@@ -103,14 +103,23 @@ def induction_batch(
     first are trained. Nothing memorised predicts them: only looking up the token that followed the
     current one in the first copy does (an induction head), as the rest of a multi-token number does."""
     lengths = rng.integers(INDUCTION_LENGTHS[0], INDUCTION_LENGTHS[1] + 1, size=size)
-    n = 2 * int(lengths.max())
-    ids = np.zeros((size, n), dtype=np.int64)
-    labels = np.full((size, n), -100, dtype=np.int64)
-    for row, length in enumerate(lengths.tolist()):
+    rows = []
+    for length in lengths.tolist():
         seq = rng.choice(writable, size=length)
-        ids[row, : 2 * length] = np.concatenate([seq, seq])
-        labels[row, length : 2 * length - 1] = seq[1:]
-    return torch.from_numpy(ids), torch.from_numpy(labels), torch.ones((size, n), dtype=torch.float32)
+        rows.append((np.concatenate([seq, seq]), length))
+    return _ending_in_repeats(rows)
+
+
+def _ending_in_repeats(rows: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, labels, weights) of sequences that each end in a repeat of `repeat` tokens, zero-padded to the
+    longest: each repeat's tokens but its first are the labels (the position before names the next one)."""
+    n = max(seq.size for seq, _ in rows)
+    ids = np.zeros((len(rows), n), dtype=np.int64)
+    labels = np.full((len(rows), n), -100, dtype=np.int64)
+    for row, (seq, repeat) in enumerate(rows):
+        ids[row, : seq.size] = seq
+        labels[row, seq.size - repeat : seq.size - 1] = seq[seq.size - repeat + 1 :]
+    return torch.from_numpy(ids), torch.from_numpy(labels), torch.ones((len(rows), n), dtype=torch.float32)
 
 
 CUED_LENGTHS = (4, 16)  # tokens per list when several are written (train.cued_lists_batch)
@@ -137,13 +146,7 @@ def cued_lists_batch(
             written.append(np.concatenate([[start], body]))
         repeated = written[int(rng.integers(count))]
         rows.append((np.concatenate([*written, repeated]), repeated.size))
-    n = max(seq.size for seq, _ in rows)
-    ids = np.zeros((size, n), dtype=np.int64)
-    labels = np.full((size, n), -100, dtype=np.int64)
-    for row, (seq, repeat) in enumerate(rows):
-        ids[row, : seq.size] = seq
-        labels[row, seq.size - repeat : seq.size - 1] = seq[seq.size - repeat + 1 :]
-    return torch.from_numpy(ids), torch.from_numpy(labels), torch.ones((size, n), dtype=torch.float32)
+    return _ending_in_repeats(rows)
 
 
 def lists_batch(
