@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.decode_speed [--work-dir DIR] [--threads 2] [--prompt 128] [--new 128]
         [--parts batch1,sweep,bandwidth] [--batches 1,2,4,8,16] [--sweep-new 32] [--no-looped] [--rounds 3]
-        [--vocab harmony|native] [--genai-python PY] [--standard]
+        [--vocab harmony|native] [--genai-python PY] [--standard] [--block-size 32]
 
 The Qwen shape is on the Harmony vocabulary (201,088 ids, what `model build-random --shape qwen2.5-0.5b`
 writes and benchmarks serve) unless --vocab native (Qwen2.5's own 151,936).
@@ -18,6 +18,7 @@ Part 4 (--parts sampling): CPU ms that sampling a batch of logits rows costs per
 Part 3, bandwidth: bytes of weights one decoded token reads (every initializer once, one row of the
   embedding table) against a numpy copy's bandwidth: the batch-1 decode ceiling, and part 1's share of it.
 All rows run interleaved, --rounds times, best of each reported: the 2-core machine is shared.
+--block-size N builds the service's graph and the genai-built model with int8 blocks of N (default 32).
 
 onnxruntime-genai's model builder needs torch, which is not a dependency of the service. It runs in a
 separate bench-only venv, e.g.
@@ -49,7 +50,7 @@ import onnx
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
 from service.engine.cli import shape_config
-from service.engine.config import DecoderConfig
+from service.engine.config import INT8_BLOCK_SIZE, INT8_BLOCK_SIZES, DecoderConfig
 from service.engine.model_dir import ensure_builtin_model
 from service.engine.model_files import find_model_file
 from service.engine.onnx_engine import OnnxEngine
@@ -65,12 +66,18 @@ ROOT = Path(__file__).resolve().parent.parent
 Result = tuple[float, float, float] | str
 
 
-def ensure_model(path: Path, graph: str, config: DecoderConfig) -> Path:
+def ensure_model(path: Path, graph: str, config: DecoderConfig, block: int = INT8_BLOCK_SIZE) -> Path:
     if not (path / "config.json").exists():
         started = time.monotonic()
-        build_random_decoder(path, config, SEED, quantize=True, graph=graph, extra={"model_id": f"bench-{graph}"})
+        extra = {"model_id": f"bench-{graph}"}
+        build_random_decoder(path, config, SEED, quantize=True, graph=graph, extra=extra, block=block)
         print(f"built {path} in {time.monotonic() - started:.0f}s", flush=True)
     return path
+
+
+def _block_suffix(block: int) -> str:
+    """Model directories at the default block keep their names (caches of earlier runs stay valid)."""
+    return "" if block == INT8_BLOCK_SIZE else f"-b{block}"
 
 
 # -- the genai-built model -----------------------------------------------------------------------
@@ -143,16 +150,16 @@ def find_genai_python(arg: str | None) -> str | None:
         return None
 
 
-def ensure_genai_model(work_dir: Path, python: str, config: DecoderConfig, vocab: str) -> Path:
-    out = work_dir / f"{vocab}-genai-int8"
+def ensure_genai_model(work_dir: Path, python: str, config: DecoderConfig, vocab: str, block: int) -> Path:
+    out = work_dir / f"{vocab}-genai-int8{_block_suffix(block)}"
     if (out / "genai_config.json").exists():
         return out
     hf = write_hf_checkpoint(work_dir / f"{vocab}-hf-qwen2", config, SEED)
-    tmp = work_dir / f"{vocab}-genai-int8.tmp"
+    tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [python, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf), "-o", str(tmp)]
     cmd += ["-p", "int8", "-e", "cpu", "-c", str(work_dir / "genai-cache")]
-    cmd += ["--extra_options", "accuracy_level=4", "block_size=32"]
+    cmd += ["--extra_options", "accuracy_level=4", f"block_size={block}"]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     # The last step (saving a tokenizer) fails on a checkpoint without one; the model is written by then.
@@ -309,10 +316,18 @@ def main() -> None:
     ap.add_argument("--no-genai-build", action="store_true", help="skip the genai-built model")
     ap.add_argument("--parts", default="batch1,sweep,bandwidth", help="tables: batch1 (incl. genai), sweep, bandwidth")
     ap.add_argument("--standard", action="store_true", help="also the standard-op graph (quantize_dynamic)")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        choices=INT8_BLOCK_SIZES,
+        default=INT8_BLOCK_SIZE,
+        help="int8 block size of the service's graph and of the genai-built model (the same for both)",
+    )
     args = ap.parse_args()
     config = shape_config("qwen2.5-0.5b", args.vocab)
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, config.vocab_size, args.prompt)]
-    contrib = ensure_model(args.work_dir / f"{args.vocab}-contrib-int8", "contrib", config)
+    contrib_dir = args.work_dir / f"{args.vocab}-contrib-int8{_block_suffix(args.block_size)}"
+    contrib = ensure_model(contrib_dir, "contrib", config, args.block_size)
     parts = set(args.parts.split(","))
     decode: Result = "not measured"
     if "batch1" in parts:
@@ -334,7 +349,7 @@ def batch_one(args: argparse.Namespace, config: DecoderConfig, contrib: Path, pr
     }
     genai_python = None if args.no_genai_build else find_genai_python(args.genai_python)
     if genai_python:
-        gdir = ensure_genai_model(args.work_dir, genai_python, config, args.vocab)
+        gdir = ensure_genai_model(args.work_dir, genai_python, config, args.vocab, args.block_size)
         _set_genai_threads(gdir, args.threads)
         runs["genai runtime, genai-built int8 graph"] = lambda: time_genai(gdir, prompt, args.new)
         runs["OnnxEngine, genai-built int8 graph"] = lambda: bench_engine(gdir, args.threads, prompt, args.new)

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.http_load [--models tiny,qwen] [--clients 1,4,8,16,32] [--prompt 128] [--new 128]
         [--threads 2] [--turns 5] [--steady-requests 3] [--database-url URL] [--out docs/benchmarks]
-        [--server-env NAME=VALUE ...]
+        [--server-env NAME=VALUE ...] [--block-size N]
 
 For each model and each client count C:
   * http (a burst): `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each)
@@ -21,7 +21,7 @@ For each model and each client count C:
   * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT per turn,
     on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0).
 Models: "tiny" = the built-in shape with random weights (never stops: every run makes --new tokens), "qwen" =
-`model build-random --shape qwen2.5-0.5b` (Harmony vocabulary), cached in --work-dir.
+`model build-random --shape qwen2.5-0.5b [--block-size N]` (Harmony vocabulary), cached in --work-dir.
 Every prompt is distinct (no prefix shared between clients) and about --prompt tokens long.
 Writes http_load.md (a Markdown table) and http_load.png (tokens/s and TTFT vs clients) under --out.
 The machine is shared: ratios are from one run each; rerun before trusting a small difference.
@@ -45,6 +45,7 @@ import httpx
 import numpy as np
 
 from service.engine.base import SamplingParams
+from service.engine.config import INT8_BLOCK_SIZES
 from service.engine.model_dir import ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting import chat_format_for
@@ -281,13 +282,15 @@ def multi_turn(url: str, turns: int, new_tokens: int, words: int) -> list[float]
 # -- models, report ----------------------------------------------------------------------------------
 
 
-def model_dir_for(model: str, work_dir: Path) -> Path:
+def model_dir_for(model: str, work_dir: Path, block: int | None = None) -> Path:
+    """`block`: the Qwen shape's int8 block size (None: build-random's default)."""
     if model == "tiny":
         return ensure_random_model(MODEL_CACHE, progress=False)
     if model == "qwen":
-        target = work_dir / "qwen2.5-0.5b-harmony"
+        target = work_dir / ("qwen2.5-0.5b-harmony" + (f"-b{block}" if block else ""))
         if not (target / "config.json").exists():
             command = [sys.executable, "-m", "service", "model", "build-random", "--shape", "qwen2.5-0.5b", str(target)]
+            command += ["--block-size", str(block)] if block else []
             subprocess.run(command, check=True, cwd=ROOT)
         return target
     return Path(model)  # any servable model directory
@@ -380,13 +383,14 @@ def run(
     server_env: dict[str, str] | None = None,
     turns: int = 0,
     steady_requests: int = 0,
+    block: int | None = None,
 ) -> list[Sample]:
     """Measure every (model, path, clients) and write http_load.md / http_load.png under `out`."""
     samples: list[Sample] = []
     conversations: dict[tuple[str, str], list[float]] = {}
     out.mkdir(parents=True, exist_ok=True)
     for model in models:
-        model_dir = model_dir_for(model, work_dir)
+        model_dir = model_dir_for(model, work_dir, block)
         # Distinct prompts: the burst's, then the closed loop's (no prefix shared with an earlier run).
         texts = prompt_texts(model_dir, max(clients) * (1 + steady_requests) + 1, prompt)
         burst, loop_texts = texts[: max(clients)], texts[max(clients) :]
@@ -451,6 +455,9 @@ def main() -> None:
         default=3,
         help="closed-loop part: requests per client, the first a warm-up (0 = skip)",
     )
+    parser.add_argument(
+        "--block-size", type=int, choices=INT8_BLOCK_SIZES, default=None, help="the Qwen shape's int8 block size"
+    )
     args = parser.parse_args()
     run(
         args.models.split(","),
@@ -464,6 +471,7 @@ def main() -> None:
         server_env=dict(item.split("=", 1) for item in args.server_env),
         turns=args.turns,
         steady_requests=args.steady_requests,
+        block=args.block_size,
     )
     print((args.out / "http_load.md").read_text())
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from service.engine.config import DecoderConfig, ModelMeta, write_config
-from service.engine.graph_contrib import build_contrib_graph
+from service.engine.graph_contrib import BLOCK_SIZE, build_contrib_graph
 from service.engine.graph_standard import build_standard_graph
 from service.engine.model_files import MODEL_FILE, save_model
 from service.engine.quantize import matmulnbits_scheme, quantize_model
@@ -42,11 +42,18 @@ def write_fp32_decoder(
 
 
 def write_contrib_decoder(
-    out_dir: Path, config: DecoderConfig, seed: int, *, quantize: bool, extra: dict[str, Any] | None = None
+    out_dir: Path,
+    config: DecoderConfig,
+    seed: int,
+    *,
+    quantize: bool,
+    extra: dict[str, Any] | None = None,
+    block: int = BLOCK_SIZE,
 ) -> Path:
     """The contrib-op graph (GroupQueryAttention, MatMulNBits int8 weights quantized here in numpy)."""
     weights = random_weights(config, seed)
-    return write_contrib_model(out_dir, config, weights, quantize=quantize, extra={"seed": seed, **(extra or {})})
+    extra = {"seed": seed, **(extra or {})}
+    return write_contrib_model(out_dir, config, weights, quantize=quantize, extra=extra, block=block)
 
 
 def write_contrib_model(
@@ -56,17 +63,19 @@ def write_contrib_model(
     *,
     quantize: bool,
     extra: dict[str, Any] | None = None,
+    block: int = BLOCK_SIZE,
 ) -> Path:
-    """Given weights (HF names and layout) -> the contrib-op graph + config.json in `out_dir`."""
+    """Given weights (HF names and layout) -> the contrib-op graph + config.json in `out_dir` (int8 in blocks
+    of `block` along K when `quantize`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = build_contrib_graph(config, weights, quantize=quantize)
+    model = build_contrib_graph(config, weights, quantize=quantize, block=block)
     save_model(model, out_dir / MODEL_FILE)
     meta = {
         "format": "onnx-decoder-with-past",
         "graph": "contrib",
         "kv_cache": "shared_buffer",
         "logits": "last_position",
-        "quantization": matmulnbits_scheme() if quantize else None,
+        "quantization": matmulnbits_scheme(block) if quantize else None,
         **(extra or {}),
     }
     write_config(out_dir, ModelMeta(config, meta))
@@ -83,18 +92,22 @@ def build_random_decoder(
     graph: str = "contrib",
     all_logits: bool = False,
     progress: Progress | None = None,
+    block: int = BLOCK_SIZE,
 ) -> Path:
     """Write a deterministic random decoder (config.json + model.onnx) to `out_dir`; int8 when `quantize`.
 
     graph="contrib": ORT contrib ops, MatMulNBits int8 (the fast path). graph="standard": plain ONNX
     ops in the Optimum layout, int8 via quantize_dynamic. `extra` goes into config.json (model_id,
-    chat_format, ...). `all_logits` (standard only) keeps logits for every position (tests)."""
+    chat_format, ...). `all_logits` (standard only) keeps logits for every position (tests). `block`
+    (contrib only): the int8 weights' block size along K."""
     note = progress or (lambda _msg: None)
     if graph == "contrib":
         note("weights + graph")
-        return write_contrib_decoder(out_dir, config, seed, quantize=quantize, extra=extra)
+        return write_contrib_decoder(out_dir, config, seed, quantize=quantize, extra=extra, block=block)
     if graph != "standard":
         raise ValueError(f"unknown graph kind {graph!r}")
+    if block != BLOCK_SIZE:
+        raise ValueError("an int8 block size is for contrib graphs (standard graphs get dynamic int8)")
     if not quantize:
         note("weights + graph")
         return write_fp32_decoder(out_dir, config, seed, extra=extra, all_logits=all_logits)

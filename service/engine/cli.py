@@ -8,7 +8,15 @@ import json
 import time
 from pathlib import Path
 
-from service.engine.config import HARMONY_BOS_ID, HARMONY_EOS_ID, HARMONY_VOCAB_SIZE, DecoderConfig, read_config
+from service.engine.config import (
+    HARMONY_BOS_ID,
+    HARMONY_EOS_ID,
+    HARMONY_VOCAB_SIZE,
+    INT8_BLOCK_SIZE,
+    INT8_BLOCK_SIZES,
+    DecoderConfig,
+    read_config,
+)
 from service.engine.gptoss import FULL, SLIDING, GptOssSpec
 
 # Each command imports what writes or reads graphs (onnx, the builders) when it runs: every other
@@ -111,6 +119,10 @@ def shape_config(shape: str, vocab: str = "harmony") -> DecoderConfig:
 def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add `model {build-default,quantize,info,build-random}` to a parent parser's subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
+    block_help = (
+        f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}). Larger blocks decode "
+        "faster and round the activations more coarsely: see the README's int8 block size"
+    )
     sub = model.add_subparsers(dest="model_command", required=True)
 
     p = sub.add_parser("build-default", help="build (if needed) and cache the built-in model")
@@ -131,6 +143,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
         "to decoding alone. Default: keep SRC's layout (a standard-op graph gets dynamic int8 and steps one "
         "sequence at a time)",
     )
+    p.add_argument("--block-size", type=int, choices=INT8_BLOCK_SIZES, default=None, help=block_help)
     p.set_defaults(func=_quantize)
 
     p = sub.add_parser("info", help="print a model directory's description as JSON")
@@ -152,6 +165,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fp32", action="store_true", help="skip int8 quantization (not for gpt-oss shapes)")
     p.add_argument("--layers", type=int, default=None, help="gpt-oss shapes: fewer layers of the same width")
     p.add_argument("--expert-bits", type=int, choices=[4, 8], default=None, help="gpt-oss shapes (default 4)")
+    p.add_argument("--block-size", type=int, choices=INT8_BLOCK_SIZES, default=None, help=block_help)
     p.set_defaults(func=_build_random)
 
     from service.training.cli import add_train_builtin  # torch is imported only when the command runs
@@ -175,10 +189,14 @@ def _quantize(args: argparse.Namespace) -> int:
     from service.engine.convert import AlreadyContrib, convert_to_contrib
     from service.engine.quantize import quantize_model
 
+    block = args.block_size
     try:
-        out = convert_to_contrib(args.src, args.dst) if args.layout == "contrib" else quantize_model(args.src, args.dst)
+        if args.layout == "contrib":
+            out = convert_to_contrib(args.src, args.dst, block=block or INT8_BLOCK_SIZE)
+        else:
+            out = quantize_model(args.src, args.dst, block=block)
     except AlreadyContrib:  # a contrib source: --layout contrib is what quantizing it gives anyway
-        out = quantize_model(args.src, args.dst)
+        out = quantize_model(args.src, args.dst, block=block)
     scheme = read_config(out).extra["quantization"]["scheme"]
     print(f"{out}: int8 ({scheme}); files: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
@@ -195,9 +213,11 @@ def _info(args: argparse.Namespace) -> int:
 
 def _build_random(args: argparse.Namespace) -> int:
     from service.engine.builder import build_random_decoder
-    from service.engine.model_files import new_directory
+    from service.engine.model_files import ModelDirError, new_directory
 
     started = time.monotonic()
+    if args.block_size is not None and (args.shape in GPTOSS_SHAPES or args.fp32):
+        raise ModelDirError("--block-size is for int8 dense shapes (not --fp32, not gpt-oss shapes)")
     if args.shape in GPTOSS_SHAPES:
         out = _build_random_gptoss(args)
         print(f"{out} ({time.monotonic() - started:.1f}s; serve it with SERVICE_MODEL={out})")
@@ -206,9 +226,9 @@ def _build_random(args: argparse.Namespace) -> int:
     if args.vocab == "harmony":
         extra["chat_format"] = "harmony"
     with new_directory(args.out) as tmp:
-        build_random_decoder(
-            tmp, shape_config(args.shape, args.vocab), args.seed, quantize=not args.fp32, extra=extra, progress=print
-        )
+        config = shape_config(args.shape, args.vocab)
+        block = args.block_size or INT8_BLOCK_SIZE
+        build_random_decoder(tmp, config, args.seed, quantize=not args.fp32, extra=extra, progress=print, block=block)
     if args.vocab == "harmony":
         note = f"serve it with SERVICE_MODEL={args.out}"
     else:

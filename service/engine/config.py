@@ -17,6 +17,13 @@ HARMONY_VOCAB_SIZE = 201_088
 HARMONY_BOS_ID = 199_998  # <|startoftext|>
 HARMONY_EOS_ID = 200_002  # <|return|>
 
+# int8 weights' block along K: 32 by default, as onnxruntime-genai's builder and llama.cpp's Q8_0. The sizes
+# MatMulNBits accepts (a power of two, at least 16). accuracy_level 4 also quantizes the activations in blocks
+# of this size, so larger blocks run faster (fewer scales per dot product) but round more coarsely around an
+# outlier activation: a build option measured in the README ("int8 block size"), not the default.
+INT8_BLOCK_SIZE = 32
+INT8_BLOCK_SIZES = (16, 32, 64, 128, 256)
+
 
 @dataclass(frozen=True)
 class DecoderConfig:

@@ -18,6 +18,7 @@ import onnx
 from service.engine.builder import write_contrib_model
 from service.engine.config import CONFIG_FILE, GENAI_CONFIG_FILE, DecoderConfig, read_config
 from service.engine.export_weights import weights_from_export
+from service.engine.graph_contrib import BLOCK_SIZE, check_block_size
 from service.engine.graph_standard import weights_from_standard
 from service.engine.model_files import (
     QUANTIZED_OPS,
@@ -36,9 +37,10 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 _GRAPH_KEYS = ("format", "graph", "kv_cache", "logits", "quantization", "io_names")
 
 
-def convert_to_contrib(src_dir: Path, dst_dir: Path, *, quantize: bool = True) -> Path:
-    """Write the contrib-layout model (int8 MatMulNBits when `quantize`) of the fp32 standard-op decoder
-    in `src_dir` to the new directory `dst_dir`. ModelDirError says what does not fit."""
+def convert_to_contrib(src_dir: Path, dst_dir: Path, *, quantize: bool = True, block: int = BLOCK_SIZE) -> Path:
+    """Write the contrib-layout model (int8 MatMulNBits in blocks of `block` when `quantize`) of the fp32
+    standard-op decoder in `src_dir` to the new directory `dst_dir`. ModelDirError says what does not fit."""
+    check_block_size(block)
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     src = find_model_file(src_dir)
     meta = read_config(src_dir)
@@ -48,7 +50,7 @@ def convert_to_contrib(src_dir: Path, dst_dir: Path, *, quantize: bool = True) -
     extra: dict[str, Any] = {k: v for k, v in meta.extra.items() if k not in _GRAPH_KEYS}
     extra["converted_from"] = {"graph": meta.extra.get("graph", "standard-op export"), "file": src.name}
     with new_directory(dst_dir) as tmp:
-        write_contrib_model(tmp, meta.decoder, weights, quantize=quantize, extra=extra)
+        write_contrib_model(tmp, meta.decoder, weights, quantize=quantize, extra=extra, block=block)
         # genai_config.json describes the source's graph (names, buffer sharing), not ours: it stays behind.
         copy_support_files(src_dir, tmp, skip=graph_files(src_dir) | {CONFIG_FILE, GENAI_CONFIG_FILE})
     return dst_dir

@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from service.engine.config import DecoderConfig
+from service.engine.config import INT8_BLOCK_SIZE, INT8_BLOCK_SIZES, DecoderConfig
 from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
 from service.engine.weights import rope_tables
 
 MS = "com.microsoft"
-BLOCK_SIZE = 32
+BLOCK_SIZE = INT8_BLOCK_SIZE
 
 
 def quantize_blockwise_int8(w: np.ndarray, block: int = BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
@@ -37,14 +37,20 @@ def quantize_blockwise_int8(w: np.ndarray, block: int = BLOCK_SIZE) -> tuple[np.
     return q.astype(np.uint8), scale.reshape(-1)
 
 
-def linear_op(g: GraphWriter, x: str, name: str, weight: np.ndarray, *, quantize: bool) -> str:
-    """x @ weight.T for weight [N, K] (HF [out, in]): MatMulNBits int8 blocks, or fp32 MatMul."""
+def check_block_size(block: int) -> int:
+    if block not in INT8_BLOCK_SIZES:
+        raise ValueError(f"int8 block size must be one of {', '.join(map(str, INT8_BLOCK_SIZES))}, not {block}")
+    return block
+
+
+def linear_op(g: GraphWriter, x: str, name: str, weight: np.ndarray, *, quantize: bool, block: int = BLOCK_SIZE) -> str:
+    """x @ weight.T for weight [N, K] (HF [out, in]): MatMulNBits int8 blocks of `block`, or fp32 MatMul."""
     n, k = weight.shape
     if not quantize:
         return str(g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)]))
-    b, scales = quantize_blockwise_int8(weight)
+    b, scales = quantize_blockwise_int8(weight, check_block_size(block))
     ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales)]
-    return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=BLOCK_SIZE, accuracy_level=4))
+    return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=block, accuracy_level=4))
 
 
 def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.ndarray, eps: float) -> tuple[str, str]:
@@ -54,14 +60,17 @@ def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.nd
     return outs[0], outs[3]
 
 
-def build_contrib_graph(config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True) -> onnx.ModelProto:
-    """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests)."""
+def build_contrib_graph(
+    config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True, block: int = BLOCK_SIZE
+) -> onnx.ModelProto:
+    """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests);
+    `block`: the int8 weights' block size along K."""
     c = config
     g = GraphWriter()
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
 
     def linear(x: str, name: str, weight: np.ndarray) -> str:
-        return linear_op(g, x, name, weight, quantize=quantize)
+        return linear_op(g, x, name, weight, quantize=quantize, block=block)
 
     def skip_norm(x: str, residual: str, name: str) -> tuple[str, str]:
         return skip_norm_op(g, x, residual, name, w[name], c.rms_norm_eps)

@@ -20,7 +20,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from service.engine.config import CONFIG_FILE, read_config, write_config
 from service.engine.cpu import cpu_features
-from service.engine.graph_contrib import BLOCK_SIZE, MS, quantize_blockwise_int8
+from service.engine.graph_contrib import BLOCK_SIZE, MS, check_block_size, quantize_blockwise_int8
 from service.engine.model_files import (
     MODEL_FILE,
     QUANTIZED_OPS,
@@ -37,11 +37,11 @@ class AlreadyQuantized(ModelDirError):
     """The source graph holds quantized weights already; quantizing it again would be wrong."""
 
 
-def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = None) -> Path:
+def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = None, block: int | None = None) -> Path:
     """Write an int8 copy of the model in `src_dir` to the new directory `dst_dir`.
 
     reduce_range (7-bit weights, standard graphs only) defaults to on for CPUs without VNNI, whose
-    u8s8 kernel saturates."""
+    u8s8 kernel saturates. `block` (contrib graphs only): the weights' block size along K, default 32."""
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     src = find_model_file(src_dir)
     meta = read_config(src_dir)
@@ -52,7 +52,12 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
         raise AlreadyQuantized(f"{src_dir} is quantized already ({found}); nothing to do")
     with new_directory(dst_dir) as tmp:
         if "GroupQueryAttention" in ops:
-            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE)
+            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block or BLOCK_SIZE)
+        elif block is not None:
+            raise ModelDirError(
+                f"{src_dir} is a standard-op graph: it gets dynamic int8 (no blocks); "
+                "an int8 block size needs the contrib layout (--layout contrib)"
+            )
         else:
             scheme = _quantize_dynamic(src, tmp / MODEL_FILE, reduce_range)
         copy_support_files(src_dir, tmp, skip=graph_files(src_dir) | {CONFIG_FILE})
@@ -61,9 +66,10 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
     return dst_dir
 
 
-def _quantize_contrib(model: onnx.ModelProto, out: Path) -> dict[str, Any]:
-    """Every MatMul by a constant 2-D fp32 weight becomes MatMulNBits (8 bits, symmetric blocks of 32,
+def _quantize_contrib(model: onnx.ModelProto, out: Path, block: int) -> dict[str, Any]:
+    """Every MatMul by a constant 2-D fp32 weight becomes MatMulNBits (8 bits, symmetric blocks of `block`,
     accuracy level 4), the scheme graph_contrib writes: the result equals a model built int8."""
+    check_block_size(block)
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
     uses: dict[str, int] = {}
@@ -79,11 +85,11 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path) -> dict[str, Any]:
         w = numpy_helper.to_array(b).T  # [K, N] -> [N, K]
         n, k = w.shape
         base = b.name.removesuffix(".weight_t")
-        qweight, scales = quantize_blockwise_int8(w)
+        qweight, scales = quantize_blockwise_int8(w, block)
         for suffix, array in (("qweight", qweight), ("scales", scales)):
             graph.initializer.append(numpy_helper.from_array(array, f"{base}.{suffix}"))
         ins = [node.input[0], f"{base}.qweight", f"{base}.scales"]
-        attrs = {"K": k, "N": n, "bits": 8, "block_size": BLOCK_SIZE, "accuracy_level": 4}
+        attrs = {"K": k, "N": n, "bits": 8, "block_size": block, "accuracy_level": 4}
         nodes.append(helper.make_node("MatMulNBits", ins, list(node.output), name=node.name, domain=MS, **attrs))
         uses[b.name] -= 1
         if uses[b.name] == 0:
@@ -96,16 +102,16 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path) -> dict[str, Any]:
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     save_model(model, out)
-    return matmulnbits_scheme()
+    return matmulnbits_scheme(block)
 
 
-def matmulnbits_scheme() -> dict[str, Any]:
+def matmulnbits_scheme(block: int = BLOCK_SIZE) -> dict[str, Any]:
     """config.json's description of graph_contrib's int8 weights."""
     return {
         "scheme": "matmulnbits_int8",
         "op": "com.microsoft.MatMulNBits",
         "bits": 8,
-        "block_size": BLOCK_SIZE,
+        "block_size": block,
         "symmetric": True,
         "accuracy_level": 4,
         "activation_type": "int8 (dynamic, per row block)",

@@ -1,0 +1,115 @@
+"""The int8 block size option (`--block-size` on `model build-random` and `model quantize`): written into
+every MatMulNBits node and config.json, the same model whichever way it is made, still batch-invariant,
+and refused clearly where it has no meaning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from service.engine.builder import build_random_decoder
+from service.engine.config import INT8_BLOCK_SIZE, read_config
+from service.engine.model_files import find_model_file
+from service.engine.onnx_engine import OnnxEngine
+from service.engine.quantize import quantize_model
+from tests.cli_helpers import assert_one_line_error, run_cli
+from tests.engine_fixtures import (
+    SEED,
+    SMALL,
+    assert_batch_invariant,
+    contrib_fp32_dir,
+    greedy,
+    prefilled_logits,
+    prompt,
+    small_fp32_dir,
+)
+
+__all__ = ["contrib_fp32_dir", "small_fp32_dir"]
+
+BLOCK = 64  # SMALL's hidden size: one block per row of the attention projections, two for the MLP's down
+
+
+def _blocks(model_dir: Path) -> set[int]:
+    graph = onnx.load(str(find_model_file(model_dir)), load_external_data=False).graph
+    nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert nodes
+    return {a.i for n in nodes for a in n.attribute if a.name == "block_size"}
+
+
+def _logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    eng = OnnxEngine(model_dir, intra_op_threads=1)
+    eng.add_sequence("s", ids, greedy(1))
+    return np.asarray(prefilled_logits(eng, "s")).reshape(-1).copy()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_decoder(tmp_path_factory.mktemp("b64") / "m", SMALL, SEED, quantize=True, block=BLOCK)
+
+
+def test_the_block_size_is_in_every_node_and_in_config_json(built: Path) -> None:
+    assert _blocks(built) == {BLOCK}
+    assert read_config(built).extra["quantization"]["block_size"] == BLOCK
+
+
+def test_the_default_stays_32(contrib_fp32_dir: Path, tmp_path: Path) -> None:
+    out = quantize_model(contrib_fp32_dir, tmp_path / "q")
+    assert INT8_BLOCK_SIZE == 32 and _blocks(out) == {32}
+
+
+def test_quantizing_with_a_block_size_gives_the_model_built_with_it(
+    built: Path, contrib_fp32_dir: Path, tmp_path: Path
+) -> None:
+    """Same seeded weights: `model quantize --block-size 64` of the fp32 contrib model equals the model
+    built int8 at block 64, logits bit for bit; and they differ from block 32's (the option is used)."""
+    quantized, default = tmp_path / "q64", tmp_path / "q32"
+    result = run_cli("model", "quantize", str(contrib_fp32_dir), str(quantized), "--block-size", "64")
+    assert result.returncode == 0, result.stderr[-3000:]
+    quantize_model(contrib_fp32_dir, default)
+    for ids in (prompt(1), prompt(9, start=40)):
+        assert np.array_equal(_logits(quantized, ids), _logits(built, ids))
+        assert not np.array_equal(_logits(default, ids), _logits(built, ids))
+
+
+def test_a_larger_block_still_decodes_batched_bit_identically(built: Path) -> None:
+    """Activations are quantized per row block whatever the block's size: a row's bits never depend on its
+    neighbours, so resume at batch 1 stays exact."""
+    assert_batch_invariant(built)
+
+
+def test_converting_a_standard_export_takes_the_block_size(small_fp32_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "fp32"
+    shutil.copytree(small_fp32_dir, src)
+    result = run_cli(
+        "model", "quantize", str(src), str(tmp_path / "int8"), "--layout", "contrib", "--block-size", "128"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _blocks(tmp_path / "int8") == {128}
+    info = json.loads(run_cli("model", "info", str(tmp_path / "int8")).stdout)
+    assert info["decoding"]["batch_invariant"] is True
+
+
+def test_a_block_size_for_dynamic_int8_is_refused(small_fp32_dir: Path, tmp_path: Path) -> None:
+    result = run_cli("model", "quantize", str(small_fp32_dir), str(tmp_path / "dst"), "--block-size", "128")
+    assert_one_line_error(result, "standard-op graph", "--layout contrib")
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--shape", "tiny", "--fp32"], ["--shape", "gpt-oss-tiny"]],
+)
+def test_a_block_size_where_nothing_is_blocked_is_refused(args: list[str], tmp_path: Path) -> None:
+    result = run_cli("model", "build-random", str(tmp_path / "m"), *args, "--block-size", "64")
+    assert_one_line_error(result, "--block-size")
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_block_size_onnxruntime_does_not_take_is_refused_by_the_parser(tmp_path: Path) -> None:
+    result = run_cli("model", "build-random", str(tmp_path / "m"), "--block-size", "48")
+    assert result.returncode == 2 and "invalid choice: 48" in result.stderr
