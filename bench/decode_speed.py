@@ -182,6 +182,8 @@ def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> 
     eng.remove_sequence("warm")
     started = time.perf_counter()
     eng.add_sequence("s", prompt, params)
+    while "s" in eng.prefilling_sequence_ids():  # steps prefill the prompt in chunks, then sample token 1
+        eng.step()
     prefill = time.perf_counter() - started
     started, cpu = time.perf_counter(), time.process_time()
     for _ in range(new):  # each step samples one token and runs it through the model
@@ -198,6 +200,8 @@ def bench_engine_batch(engine: OnnxEngine, batch: int, batched: bool, prompt_len
     engine.max_batch = batch if batched else 1
     for b in range(batch):
         engine.add_sequence(f"s{b}", [int(t) for t in rng.integers(0, engine.config.vocab_size, prompt_len)], params)
+    while engine.prefilling_sequence_ids():  # prompts are prefilled in chunks over the first steps
+        engine.step()
     engine.step()  # warm: first run at this batch size
     started, cpu = time.perf_counter(), time.process_time()
     for _ in range(new):
