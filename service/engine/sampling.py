@@ -30,29 +30,46 @@ def draw_uniform(seed: int, token_index: int) -> float:
 
 # Constraints hand the same large allowed-id array every step (e.g. "any ordinary token" in a
 # Harmony message body): turn each into an additive 0/-inf bias once instead of scattering 200k ids.
+# The same array also gets a 0/1 float32 twin: at temperature 1 the draw's weights are the log-softmax's
+# exp times it (see sample).
 _BIAS_CACHE_MIN = 4096
-_bias_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_bias_cache: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _mask_bias(allowed: np.ndarray, vocab: int) -> np.ndarray:
-    key = id(allowed)
+def _cached_over_vocab(allowed: np.ndarray, vocab: int, flags: bool) -> np.ndarray:
+    """Over the whole vocabulary, for the allowed ids: 1/0 (`flags`) or 0/-inf (the additive bias)."""
+    key = (id(allowed), flags)
     cached = _bias_cache.get(key)
     if cached is not None and cached[0] is allowed and cached[1].shape[0] == vocab:
         return cached[1]
-    bias = np.full(vocab, -np.inf, dtype=np.float32)
-    bias[allowed] = 0.0
+    out = np.full(vocab, 0.0 if flags else -np.inf, dtype=np.float32)
+    out[allowed] = 1.0 if flags else 0.0
     if len(_bias_cache) >= 32:
         _bias_cache.clear()
-    _bias_cache[key] = (allowed, bias)  # holding `allowed` keeps its id from being reused
-    return bias
+    _bias_cache[key] = (allowed, out)  # holding `allowed` keeps its id from being reused
+    return out
 
 
-def _exp_shifted(logits: np.ndarray) -> tuple[float, np.ndarray]:
-    """(max, exp(logits - max)): the log-softmax's pass over the vocabulary, and at temperature 1 with
-    nothing masked or penalized also the draw's weights (the same float32 values)."""
-    m = float(logits.max())
+def _mask_bias(allowed: np.ndarray, vocab: int) -> np.ndarray:
+    return _cached_over_vocab(allowed, vocab, flags=False)
+
+
+def _allowed_flags(allowed: AllowedTokens, vocab: int) -> np.ndarray | None:
+    """1 (or True) for each allowed id of a whole-vocabulary mask, 0 elsewhere; None for a short id array
+    (masked by a copy, see _apply_mask)."""
+    if isinstance(allowed, TokenBitmask):
+        return bitmask_to_bool(allowed, vocab)
+    allowed = np.asarray(allowed, dtype=np.int64)
+    return _cached_over_vocab(allowed, vocab, flags=True) if allowed.size >= _BIAS_CACHE_MIN else None
+
+
+def _exp_shifted(logits: np.ndarray) -> tuple[int, float, np.ndarray]:
+    """(argmax, max, exp(logits - max)): the log-softmax's pass over the vocabulary, and at temperature 1
+    with nothing penalized also the draw's weights (the same float32 values)."""
+    best = int(np.argmax(logits))
+    m = float(logits[best])
     e = logits - np.float32(m)
-    return m, np.exp(e, out=e)  # in place: one fresh vocabulary-sized array, not two
+    return best, m, np.exp(e, out=e)  # in place: one fresh vocabulary-sized array, not two
 
 
 def _top_n(values: np.ndarray, n: int) -> np.ndarray:
@@ -185,6 +202,10 @@ def _apply_mask(logits: np.ndarray, allowed: AllowedTokens) -> np.ndarray:
     return masked
 
 
+def _keeps(flags: np.ndarray | None, token: int) -> bool:
+    return flags is not None and bool(flags[token])
+
+
 def sample(
     logits: np.ndarray,
     params: SamplingParams,
@@ -200,23 +221,28 @@ def sample(
     masked = apply_penalties(raw, params, counts)
     penalized = masked is not raw
     subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
-    if subset is not None:
-        masked = masked[subset]  # index j of the subset is token subset[j]
-    elif allowed is not None:
-        masked = _apply_mask(masked, allowed)
-    m, e = _exp_shifted(raw)
+    best, m, e = _exp_shifted(raw)
     lse = m + float(np.log(e.sum(dtype=np.float64)))  # before the draw, which may zero entries of e
-    if params.temperature <= 0.0:
-        token = int(np.argmax(masked))
-    elif params.temperature == 1.0 and not penalized and subset is None and (masked is raw or masked.max() == m):
-        # raw / 1 == raw, so the draw's weights exp(masked - m) are exactly e, but 0 (exp(-inf)) where a
-        # whole-vocabulary mask (a Harmony body's "any ordinary token") that keeps the best token rules ids out:
-        # no second pass over the vocabulary.
-        if masked is not raw:
-            e[np.isneginf(masked)] = 0.0
+    # raw / 1 == raw, so at temperature 1 the draw's weights exp(masked - max(masked)) are exactly e, with 0
+    # (exp(-inf)) where a whole-vocabulary mask (a Harmony body's "any ordinary token") rules ids out, as long
+    # as it keeps the best token: e times the mask's 0/1 flags, no masked copy of the vocabulary. (A mask that
+    # rules the first best id out takes the general path, which computes the same weights.)
+    flags = None
+    if params.temperature == 1.0 and not penalized and subset is None and allowed is not None:
+        flags = _allowed_flags(allowed, raw.shape[0])
+    if params.temperature == 1.0 and not penalized and subset is None and (allowed is None or _keeps(flags, best)):
+        if flags is not None:
+            np.multiply(e, flags, out=e)
         token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
     else:
-        token = _choose(masked, params, draw_uniform(params.seed, token_index))
+        if subset is not None:
+            masked = masked[subset]  # index j of the subset is token subset[j]
+        elif allowed is not None:
+            masked = _apply_mask(masked, allowed)
+        if params.temperature <= 0.0:
+            token = int(np.argmax(masked))
+        else:
+            token = _choose(masked, params, draw_uniform(params.seed, token_index))
     if subset is not None:
         token = int(subset[token])
     logprob = float(raw[token]) - lse
