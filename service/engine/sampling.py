@@ -227,10 +227,9 @@ def sample(
     # (exp(-inf)) where a whole-vocabulary mask (a Harmony body's "any ordinary token") rules ids out, as long
     # as it keeps the best token: e times the mask's 0/1 flags, no masked copy of the vocabulary. (A mask that
     # rules the first best id out takes the general path, which computes the same weights.)
-    flags = None
-    if params.temperature == 1.0 and not penalized and subset is None and allowed is not None:
-        flags = _allowed_flags(allowed, raw.shape[0])
-    if params.temperature == 1.0 and not penalized and subset is None and (allowed is None or _keeps(flags, best)):
+    plain = params.temperature == 1.0 and not penalized and subset is None
+    flags = _allowed_flags(allowed, raw.shape[0]) if plain and allowed is not None else None
+    if plain and (allowed is None or _keeps(flags, best)):
         if flags is not None:
             np.multiply(e, flags, out=e)
         token = _choose_weights(e, params, draw_uniform(params.seed, token_index))
