@@ -76,13 +76,6 @@ def test_recorded_metrics_meet_the_targets_the_shipped_model_reaches() -> None:
         assert quality[key]["rate"] >= TARGETS[key], (key, quality[key])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shipped model (an induction warm-up, then 3,000 corpus steps with list steps interleaved, on 2 "
-    "shared cores) misses one target: the tool value in the answer after a tool result, 85% against 90% (see the "
-    "README's model card); a "
-    "retrained model that meets it turns this into XPASS: then drop this mark",
-)
 def test_recorded_metrics_meet_all_of_the_issues_targets() -> None:
     quality = _quality()
     missed = {key: quality[key]["rate"] for key, target in TARGETS.items() if quality[key]["rate"] < target}
