@@ -6,7 +6,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from service.engine.graph_contrib import BLOCK_SIZE, MS, quantize_blockwise_int8
+from service.engine.config import INT8_BLOCK_SIZE
+from service.engine.graph_contrib import MS, quantize_blockwise_int8
 
 K, N = 96, 80  # K not a multiple of the block: the last block is zero-padded
 
@@ -17,7 +18,7 @@ def _session(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None) 
     if zero_points is not None:
         inits.append(numpy_helper.from_array(zero_points, "zp"))
     node = helper.make_node(
-        "MatMulNBits", inputs, ["y"], domain=MS, K=K, N=N, bits=8, block_size=BLOCK_SIZE, accuracy_level=4
+        "MatMulNBits", inputs, ["y"], domain=MS, K=K, N=N, bits=8, block_size=INT8_BLOCK_SIZE, accuracy_level=4
     )
     graph = helper.make_graph(
         [node],
@@ -39,8 +40,8 @@ def _weights() -> np.ndarray:
 def test_blocks_are_symmetric_and_close() -> None:
     w = _weights()
     q, scales = quantize_blockwise_int8(w)
-    blocks = -(-K // BLOCK_SIZE)
-    assert q.shape == (N, blocks, BLOCK_SIZE) and q.dtype == np.uint8 and scales.shape == (N * blocks,)
+    blocks = -(-K // INT8_BLOCK_SIZE)
+    assert q.shape == (N, blocks, INT8_BLOCK_SIZE) and q.dtype == np.uint8 and scales.shape == (N * blocks,)
     assert q.min() >= 1 and q.max() <= 255  # codes -127..127 around the zero point 128
     back = (q.astype(np.float32) - 128) * scales.reshape(N, blocks, 1)
     err = np.abs(back.reshape(N, -1)[:, :K] - w)

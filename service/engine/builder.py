@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from service.engine.config import DecoderConfig, ModelMeta, write_config
-from service.engine.graph_contrib import BLOCK_SIZE, build_contrib_graph
+from service.engine.config import INT8_BLOCK_SIZE, DecoderConfig, ModelMeta, write_config
+from service.engine.graph_contrib import build_contrib_graph
 from service.engine.graph_standard import build_standard_graph
 from service.engine.model_files import MODEL_FILE, save_model
 from service.engine.quantize import matmulnbits_scheme, quantize_model
@@ -48,7 +48,7 @@ def write_contrib_decoder(
     *,
     quantize: bool,
     extra: dict[str, Any] | None = None,
-    block: int = BLOCK_SIZE,
+    block: int = INT8_BLOCK_SIZE,
 ) -> Path:
     """The contrib-op graph (GroupQueryAttention, MatMulNBits int8 weights quantized here in numpy)."""
     weights = random_weights(config, seed)
@@ -63,7 +63,7 @@ def write_contrib_model(
     *,
     quantize: bool,
     extra: dict[str, Any] | None = None,
-    block: int = BLOCK_SIZE,
+    block: int = INT8_BLOCK_SIZE,
 ) -> Path:
     """Given weights (HF names and layout) -> the contrib-op graph + config.json in `out_dir` (int8 in blocks
     of `block` along K when `quantize`)."""
@@ -92,7 +92,7 @@ def build_random_decoder(
     graph: str = "contrib",
     all_logits: bool = False,
     progress: Progress | None = None,
-    block: int = BLOCK_SIZE,
+    block: int = INT8_BLOCK_SIZE,
 ) -> Path:
     """Write a deterministic random decoder (config.json + model.onnx) to `out_dir`; int8 when `quantize`.
 
@@ -106,7 +106,7 @@ def build_random_decoder(
         return write_contrib_decoder(out_dir, config, seed, quantize=quantize, extra=extra, block=block)
     if graph != "standard":
         raise ValueError(f"unknown graph kind {graph!r}")
-    if block != BLOCK_SIZE:
+    if block != INT8_BLOCK_SIZE:
         raise ValueError("an int8 block size is for contrib graphs (standard graphs get dynamic int8)")
     if not quantize:
         note("weights + graph")

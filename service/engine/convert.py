@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 
 from service.engine.builder import write_contrib_model
-from service.engine.config import CONFIG_FILE, GENAI_CONFIG_FILE, DecoderConfig, read_config
+from service.engine.config import CONFIG_FILE, GENAI_CONFIG_FILE, INT8_BLOCK_SIZE, DecoderConfig, read_config
 from service.engine.export_weights import weights_from_export
-from service.engine.graph_contrib import BLOCK_SIZE, check_block_size
+from service.engine.graph_contrib import check_block_size
 from service.engine.graph_standard import weights_from_standard
 from service.engine.model_files import (
     QUANTIZED_OPS,
@@ -37,7 +37,7 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2"})
 _GRAPH_KEYS = ("format", "graph", "kv_cache", "logits", "quantization", "io_names")
 
 
-def convert_to_contrib(src_dir: Path, dst_dir: Path, *, quantize: bool = True, block: int = BLOCK_SIZE) -> Path:
+def convert_to_contrib(src_dir: Path, dst_dir: Path, *, quantize: bool = True, block: int = INT8_BLOCK_SIZE) -> Path:
     """Write the contrib-layout model (int8 MatMulNBits in blocks of `block` when `quantize`) of the fp32
     standard-op decoder in `src_dir` to the new directory `dst_dir`. ModelDirError says what does not fit."""
     check_block_size(block)

@@ -19,10 +19,9 @@ from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
 from service.engine.weights import rope_tables
 
 MS = "com.microsoft"
-BLOCK_SIZE = INT8_BLOCK_SIZE
 
 
-def quantize_blockwise_int8(w: np.ndarray, block: int = BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blockwise_int8(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric 8-bit blocks along K of w [N, K] (HF [out, in]): MatMulNBits B (uint8, zero point 128)
     and scales. The zero points are left out: MatMulNBits then takes 128 for every block, which gives
     the same results bit for bit and saves a byte per block that every decoded token would read."""
@@ -43,7 +42,9 @@ def check_block_size(block: int) -> int:
     return block
 
 
-def linear_op(g: GraphWriter, x: str, name: str, weight: np.ndarray, *, quantize: bool, block: int = BLOCK_SIZE) -> str:
+def linear_op(
+    g: GraphWriter, x: str, name: str, weight: np.ndarray, *, quantize: bool, block: int = INT8_BLOCK_SIZE
+) -> str:
     """x @ weight.T for weight [N, K] (HF [out, in]): MatMulNBits int8 blocks of `block`, or fp32 MatMul."""
     n, k = weight.shape
     if not quantize:
@@ -61,7 +62,7 @@ def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.nd
 
 
 def build_contrib_graph(
-    config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True, block: int = BLOCK_SIZE
+    config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True, block: int = INT8_BLOCK_SIZE
 ) -> onnx.ModelProto:
     """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests);
     `block`: the int8 weights' block size along K."""

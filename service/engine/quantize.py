@@ -18,9 +18,9 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.engine.config import CONFIG_FILE, read_config, write_config
+from service.engine.config import CONFIG_FILE, INT8_BLOCK_SIZE, read_config, write_config
 from service.engine.cpu import cpu_features
-from service.engine.graph_contrib import BLOCK_SIZE, MS, check_block_size, quantize_blockwise_int8
+from service.engine.graph_contrib import MS, check_block_size, quantize_blockwise_int8
 from service.engine.model_files import (
     MODEL_FILE,
     QUANTIZED_OPS,
@@ -52,7 +52,7 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
         raise AlreadyQuantized(f"{src_dir} is quantized already ({found}); nothing to do")
     with new_directory(dst_dir) as tmp:
         if "GroupQueryAttention" in ops:
-            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block or BLOCK_SIZE)
+            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block or INT8_BLOCK_SIZE)
         elif block is not None:
             raise ModelDirError(
                 f"{src_dir} is a standard-op graph: it gets dynamic int8 (no blocks); "
@@ -105,7 +105,7 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path, block: int) -> dict[str
     return matmulnbits_scheme(block)
 
 
-def matmulnbits_scheme(block: int = BLOCK_SIZE) -> dict[str, Any]:
+def matmulnbits_scheme(block: int = INT8_BLOCK_SIZE) -> dict[str, Any]:
     """config.json's description of graph_contrib's int8 weights."""
     return {
         "scheme": "matmulnbits_int8",
