@@ -41,6 +41,7 @@ computed never changes what is sampled. Unconstrained sequences skip all of it.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -98,8 +99,9 @@ class _SlotPool:
     `rows` is max_context, or a sliding-window layer's cache capacity (GQA with sliding_window_cache
     keeps the most recent positions there and evicts on its own). Rows are bound to the session by
     pointer (a contiguous run of slots along axis 0 is one [slots, kv_heads, rows, d] tensor), so a
-    batch over slots 0..n-1 needs no gather. Arrays come from np.zeros (calloc): pages are committed
-    only as GQA writes them. The pool grows by doubling, copying only each live slot's filled prefix."""
+    batch over slots 0..n-1 needs no gather. Arrays are anonymous mappings (_lazy_zeros): pages are
+    committed only as GQA writes them, and growing never clears untouched rows. The pool grows by
+    doubling, copying only each live slot's filled prefix."""
 
     def __init__(self, row_shapes: list[tuple[int, int, int]], dtype: type) -> None:
         self.row_shapes = row_shapes
@@ -112,7 +114,7 @@ class _SlotPool:
         if capacity <= self.capacity:
             return
         new_cap = max(capacity, 2 * self.capacity, 1)
-        arrays = [np.zeros((new_cap, *shape), dtype=self.dtype) for shape in self.row_shapes]
+        arrays = [_lazy_zeros((new_cap, *shape), self.dtype) for shape in self.row_shapes]
         for old, new in zip(self.arrays, arrays, strict=False):
             for slot, length in live:
                 new[slot, :, :length] = old[slot, :, :length]  # a window cache's resident rows are a prefix
@@ -137,6 +139,16 @@ class _SlotPool:
             ptr = arr[first].ctypes.data
             io.bind_input(past, "cpu", 0, self.dtype.type, shape, ptr)
             io.bind_output(present, "cpu", 0, self.dtype.type, shape, ptr)  # written in place
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero array in an anonymous private mapping of its own: the kernel maps each page, zeroed, on its
+    first write, so a KV pool costs memory only for the rows sequences fill, and growing it writes only the
+    live rows it copies. (np.zeros of such sizes may come from the heap, where calloc clears every byte:
+    seconds for a pool of 16 Qwen-shape slots, stalling every stream while a burst of newcomers is admitted.)"""
+    count = int(np.prod(shape))
+    buffer = mmap.mmap(-1, max(1, count * dtype.itemsize), flags=mmap.MAP_PRIVATE)
+    return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
 
 
 def default_threads() -> int:
