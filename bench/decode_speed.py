@@ -18,7 +18,8 @@ Part 4 (--parts sampling): CPU ms that sampling a batch of logits rows costs per
 Part 3, bandwidth: bytes of weights one decoded token reads (every initializer once, one row of the
   embedding table) against a numpy copy's bandwidth: the batch-1 decode ceiling, and part 1's share of it.
 All rows run interleaved, --rounds times, best of each reported: the 2-core machine is shared.
---block-size N builds the service's graph and the genai-built model with int8 blocks of N (default 32).
+--block-size N builds the service's graph and the genai-built model with int8 blocks of N (default 32); row builds
+the service's graph per-row int8 (MatMulIntegerToFloat) and genai's at 32, its default.
 
 onnxruntime-genai's model builder needs torch, which is not a dependency of the service. It runs in a
 separate bench-only venv, e.g.
@@ -50,7 +51,7 @@ import onnx
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
 from service.engine.cli import shape_config
-from service.engine.config import INT8_BLOCK_SIZE, INT8_BLOCK_SIZES, DecoderConfig
+from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, DecoderConfig, int8_block_name, parse_int8_block
 from service.engine.model_dir import ensure_builtin_model
 from service.engine.model_files import find_model_file
 from service.engine.onnx_engine import OnnxEngine
@@ -77,7 +78,7 @@ def ensure_model(path: Path, graph: str, config: DecoderConfig, block: int = INT
 
 def _block_suffix(block: int) -> str:
     """Model directories at the default block keep their names (caches of earlier runs stay valid)."""
-    return "" if block == INT8_BLOCK_SIZE else f"-b{block}"
+    return "" if block == INT8_BLOCK_SIZE else f"-b{int8_block_name(block)}"
 
 
 # -- the genai-built model -----------------------------------------------------------------------
@@ -322,10 +323,10 @@ def main() -> None:
     ap.add_argument("--standard", action="store_true", help="also the standard-op graph (quantize_dynamic)")
     ap.add_argument(
         "--block-size",
-        type=int,
-        choices=INT8_BLOCK_SIZES,
+        type=parse_int8_block,
         default=INT8_BLOCK_SIZE,
-        help="int8 block size of the service's graph and of the genai-built model (the same for both)",
+        help="int8 block size of the service's graph and of the genai-built model (the same for both; with row, "
+        f"genai's builder, which has no per-row int8, gets {INT8_BLOCK_SIZE})",
     )
     args = ap.parse_args()
     config = shape_config("qwen2.5-0.5b", args.vocab)
@@ -353,7 +354,8 @@ def batch_one(args: argparse.Namespace, config: DecoderConfig, contrib: Path, pr
     }
     genai_python = None if args.no_genai_build else find_genai_python(args.genai_python)
     if genai_python:
-        gdir = ensure_genai_model(args.work_dir, genai_python, config, args.vocab, args.block_size)
+        genai_block = INT8_BLOCK_SIZE if args.block_size == INT8_PER_ROW else args.block_size
+        gdir = ensure_genai_model(args.work_dir, genai_python, config, args.vocab, genai_block)
         _set_genai_threads(gdir, args.threads)
         runs["genai runtime, genai-built int8 graph"] = lambda: time_genai(gdir, prompt, args.new)
         runs["OnnxEngine, genai-built int8 graph"] = lambda: bench_engine(gdir, args.threads, prompt, args.new)

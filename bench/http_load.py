@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 
 from service.engine.base import SamplingParams
-from service.engine.config import INT8_BLOCK_SIZES
+from service.engine.config import int8_block_name, parse_int8_block
 from service.engine.model_dir import ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting import chat_format_for
@@ -287,10 +287,10 @@ def model_dir_for(model: str, work_dir: Path, block: int | None = None) -> Path:
     if model == "tiny":
         return ensure_random_model(MODEL_CACHE, progress=False)
     if model == "qwen":
-        target = work_dir / ("qwen2.5-0.5b-harmony" + (f"-b{block}" if block else ""))
+        target = work_dir / ("qwen2.5-0.5b-harmony" + (f"-b{int8_block_name(block)}" if block is not None else ""))
         if not (target / "config.json").exists():
             command = [sys.executable, "-m", "service", "model", "build-random", "--shape", "qwen2.5-0.5b", str(target)]
-            command += ["--block-size", str(block)] if block else []
+            command += ["--block-size", int8_block_name(block)] if block is not None else []
             subprocess.run(command, check=True, cwd=ROOT)
         return target
     return Path(model)  # any servable model directory
@@ -456,7 +456,7 @@ def main() -> None:
         help="closed-loop part: requests per client, the first a warm-up (0 = skip)",
     )
     parser.add_argument(
-        "--block-size", type=int, choices=INT8_BLOCK_SIZES, default=None, help="the Qwen shape's int8 block size"
+        "--block-size", type=parse_int8_block, default=None, help="the Qwen shape's int8 block size: row or 16..256"
     )
     args = parser.parse_args()
     run(

@@ -14,7 +14,7 @@ from service.engine.config import INT8_BLOCK_SIZE, DecoderConfig, ModelMeta, wri
 from service.engine.graph_contrib import build_contrib_graph
 from service.engine.graph_standard import build_standard_graph
 from service.engine.model_files import MODEL_FILE, save_model
-from service.engine.quantize import matmulnbits_scheme, quantize_model
+from service.engine.quantize import contrib_int8_scheme, quantize_model
 from service.engine.weights import random_weights
 
 Progress = Callable[[str], None]
@@ -75,7 +75,7 @@ def write_contrib_model(
         "graph": "contrib",
         "kv_cache": "shared_buffer",
         "logits": "last_position",
-        "quantization": matmulnbits_scheme(block) if quantize else None,
+        "quantization": contrib_int8_scheme(block) if quantize else None,
         **(extra or {}),
     }
     write_config(out_dir, ModelMeta(config, meta))

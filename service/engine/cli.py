@@ -13,8 +13,8 @@ from service.engine.config import (
     HARMONY_EOS_ID,
     HARMONY_VOCAB_SIZE,
     INT8_BLOCK_SIZE,
-    INT8_BLOCK_SIZES,
     DecoderConfig,
+    parse_int8_block,
     read_config,
 )
 from service.engine.gptoss import FULL, SLIDING, GptOssSpec
@@ -120,8 +120,9 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add `model {build-default,quantize,info,build-random}` to a parent parser's subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
     block_help = (
-        f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}). Larger blocks decode "
-        "faster and round the activations more coarsely: see the README's int8 block size"
+        f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}), or row: one scale per "
+        "weight row and per activation row (MatMulInteger; faster prefill and batched decode). Larger blocks "
+        "decode faster and round more coarsely: see the README's int8 block size"
     )
     sub = model.add_subparsers(dest="model_command", required=True)
 
@@ -143,7 +144,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
         "to decoding alone. Default: keep SRC's layout (a standard-op graph gets dynamic int8 and steps one "
         "sequence at a time)",
     )
-    p.add_argument("--block-size", type=int, choices=INT8_BLOCK_SIZES, default=None, help=block_help)
+    p.add_argument("--block-size", type=_block_size, default=None, metavar="{row,16,32,64,128,256}", help=block_help)
     p.set_defaults(func=_quantize)
 
     p = sub.add_parser("info", help="print a model directory's description as JSON")
@@ -165,12 +166,19 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fp32", action="store_true", help="skip int8 quantization (not for gpt-oss shapes)")
     p.add_argument("--layers", type=int, default=None, help="gpt-oss shapes: fewer layers of the same width")
     p.add_argument("--expert-bits", type=int, choices=[4, 8], default=None, help="gpt-oss shapes (default 4)")
-    p.add_argument("--block-size", type=int, choices=INT8_BLOCK_SIZES, default=None, help=block_help)
+    p.add_argument("--block-size", type=_block_size, default=None, metavar="{row,16,32,64,128,256}", help=block_help)
     p.set_defaults(func=_build_random)
 
     from service.training.cli import add_train_builtin  # torch is imported only when the command runs
 
     add_train_builtin(sub)
+
+
+def _block_size(text: str) -> int:
+    try:
+        return parse_int8_block(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_model_command(args: argparse.Namespace) -> int:
@@ -192,7 +200,7 @@ def _quantize(args: argparse.Namespace) -> int:
     block = args.block_size
     try:
         if args.layout == "contrib":
-            out = convert_to_contrib(args.src, args.dst, block=block or INT8_BLOCK_SIZE)
+            out = convert_to_contrib(args.src, args.dst, block=INT8_BLOCK_SIZE if block is None else block)
         else:
             out = quantize_model(args.src, args.dst, block=block)
     except AlreadyContrib:  # a contrib source: --layout contrib is what quantizing it gives anyway
@@ -227,7 +235,7 @@ def _build_random(args: argparse.Namespace) -> int:
         extra["chat_format"] = "harmony"
     with new_directory(args.out) as tmp:
         config = shape_config(args.shape, args.vocab)
-        block = args.block_size or INT8_BLOCK_SIZE
+        block = INT8_BLOCK_SIZE if args.block_size is None else args.block_size
         build_random_decoder(tmp, config, args.seed, quantize=not args.fp32, extra=extra, progress=print, block=block)
     if args.vocab == "harmony":
         note = f"serve it with SERVICE_MODEL={args.out}"

@@ -22,7 +22,25 @@ HARMONY_EOS_ID = 200_002  # <|return|>
 # of this size, so larger blocks run faster (fewer scales per dot product) but round more coarsely around an
 # outlier activation: a build option measured in the README ("int8 block size"), not the default.
 INT8_BLOCK_SIZE = 32
-INT8_BLOCK_SIZES = (16, 32, 64, 128, 256)
+# Block "row" (0 here): one scale per weight row (output channel) and one per activation row, multiplied by
+# MatMulInteger (MLAS's QGEMM, exact int32 sums) instead of MatMulNBits: a row's result is the same bits at any
+# batch and in any run length, and the QGEMM kernels run prefill and batched decode faster (README, "int8 block
+# size"). Coarser weight scales than blocks, so also a build option.
+INT8_PER_ROW = 0
+INT8_BLOCK_SIZES = (INT8_PER_ROW, 16, 32, 64, 128, 256)
+
+
+def int8_block_name(block: int) -> str:
+    """How the CLI and config.json spell a block size: "row" or the number."""
+    return "row" if block == INT8_PER_ROW else str(block)
+
+
+def parse_int8_block(text: str) -> int:
+    """The CLI's --block-size: "row" or one of the MatMulNBits sizes."""
+    block = INT8_PER_ROW if text == "row" else int(text) if text.isdigit() else -1
+    if block not in INT8_BLOCK_SIZES:
+        raise ValueError(f"int8 block size must be one of {', '.join(map(int8_block_name, INT8_BLOCK_SIZES))}")
+    return block
 
 
 @dataclass(frozen=True)

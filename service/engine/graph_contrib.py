@@ -2,11 +2,12 @@
 
 GroupQueryAttention (rotary inside, past and present sharing one [b, kv_heads, max_context, d]
 buffer per layer that the engine binds as both input and output), SimplifiedLayerNormalization /
-SkipSimplifiedLayerNormalization, fused QKV and gate/up projections, and MatMulNBits bits=8
-(accuracy_level=4: int8 activations quantized per row block, so each row's result does not
-depend on the rest of the batch). Optional q/k/v biases (Qwen2) are added after the fused
-projection. Inputs: input_ids [b, s], attention_mask [b, past + s]; outputs logits [b, 1, vocab]
-(last position) and present.{i}.key/.value.
+SkipSimplifiedLayerNormalization, fused QKV and gate/up projections, and int8 linear layers whose
+result for a row does not depend on the rest of the batch: MatMulNBits bits=8 (accuracy_level=4:
+activations quantized per row block) or, with block "row", MatMulIntegerToFloat over weights with
+one scale per output channel and activations quantized per row in the graph. Optional q/k/v
+biases (Qwen2) are added after the fused projection. Inputs: input_ids [b, s], attention_mask
+[b, past + s]; outputs logits [b, 1, vocab] (last position) and present.{i}.key/.value.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from service.engine.config import INT8_BLOCK_SIZE, INT8_BLOCK_SIZES, DecoderConfig
+from service.engine.config import (
+    INT8_BLOCK_SIZE,
+    INT8_BLOCK_SIZES,
+    INT8_PER_ROW,
+    DecoderConfig,
+    int8_block_name,
+)
+from service.engine.cpu import cpu_features
 from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
 from service.engine.weights import rope_tables
 
@@ -38,17 +46,59 @@ def quantize_blockwise_int8(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tupl
 
 def check_block_size(block: int) -> int:
     if block not in INT8_BLOCK_SIZES:
-        raise ValueError(f"int8 block size must be one of {', '.join(map(str, INT8_BLOCK_SIZES))}, not {block}")
+        sizes = ", ".join(map(int8_block_name, INT8_BLOCK_SIZES))
+        raise ValueError(f"int8 block size must be one of {sizes}, not {block}")
     return block
+
+
+def quantize_rows_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 with one scale per row of w [N, K] (per output channel): B [K, N] int8 and scales [N]."""
+    scale = np.abs(w).max(axis=1) / 127.0
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return np.ascontiguousarray(q.T), scale
+
+
+def row_int8_kernel() -> str:
+    """The MLAS QGEMM a per-row int8 model is built for on this CPU. u8s8 (int8 weights) with VNNI: its
+    vpdpbusd sums are exact. Without VNNI MLAS multiplies u8 by s8 with vpmaddubsw, whose int16 pair sums
+    saturate, so the weights are stored as uint8 (+128) for the u8u8 kernels, exact on every x86 path."""
+    return "u8s8" if cpu_features().has_vnni else "u8u8"
+
+
+def row_int8_linear(g: GraphWriter, x: str, name: str, weight: np.ndarray, out: str | None = None) -> str:
+    """x @ weight.T with per-output-channel int8 weights and x quantized per row (symmetric, 127 levels, stored
+    as uint8 around 128): exact int32 sums in MatMulIntegerToFloat (times the weight scales), then times the
+    row's scale. Every step is row-wise and the sums are exact, so a row's output is the same bits whatever
+    else is in the batch or the run."""
+    q, w_scale = quantize_rows_int8(weight)
+    zero = g.const(128, np.uint8)
+    if row_int8_kernel() == "u8s8":
+        b, b_zero = g.weight(name + ".qweight", q), ""
+    else:
+        b, b_zero = g.weight(name + ".qweight", (q.astype(np.int16) + 128).astype(np.uint8)), zero
+    amax = g.op("ReduceMax", [g.op("Abs", [x])], axes=[-1], keepdims=1)
+    x_scale = g.op("Div", [g.op("Max", [amax, g.const(1e-30, np.float32)]), g.const(127.0, np.float32)])
+    x_q = g.op("Add", [g.op("Round", [g.op("Div", [x, x_scale])]), g.const(128.0, np.float32)])
+    x_q = g.op("Cast", [x_q], to=onnx.TensorProto.UINT8)  # integers in [1, 255]: exact
+    ins = [x_q, b, g.const(1.0, np.float32), g.weight(name + ".scales", w_scale), zero]
+    y = g.op("MatMulIntegerToFloat", ins + ([b_zero] if b_zero else []), domain=MS)
+    if out is None:
+        return str(g.op("Mul", [y, x_scale]))
+    g.op_named("Mul", [y, x_scale], [out])
+    return out
 
 
 def linear_op(
     g: GraphWriter, x: str, name: str, weight: np.ndarray, *, quantize: bool, block: int = INT8_BLOCK_SIZE
 ) -> str:
-    """x @ weight.T for weight [N, K] (HF [out, in]): MatMulNBits int8 blocks of `block`, or fp32 MatMul."""
+    """x @ weight.T for weight [N, K] (HF [out, in]): int8 in blocks of `block` (MatMulNBits) or per row, or
+    fp32 MatMul."""
     n, k = weight.shape
     if not quantize:
         return str(g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)]))
+    if block == INT8_PER_ROW:
+        return row_int8_linear(g, x, name, weight)
     b, scales = quantize_blockwise_int8(weight, check_block_size(block))
     ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales)]
     return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=block, accuracy_level=4))
@@ -65,7 +115,7 @@ def build_contrib_graph(
     config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True, block: int = INT8_BLOCK_SIZE
 ) -> onnx.ModelProto:
     """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests);
-    `block`: the int8 weights' block size along K."""
+    `block`: the int8 weights' block size along K, or INT8_PER_ROW."""
     c = config
     g = GraphWriter()
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads

@@ -10,23 +10,25 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 class GraphWriter:
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
+        """`prefix` starts every node, output and constant name (for nodes added to an existing graph)."""
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
+        self.prefix = prefix
         self._count = 0
         self._consts: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "", **attrs: Any) -> Any:
         """Add a node; returns its output name (or a list when n_out > 1)."""
         self._count += 1
-        base = f"{op_type}_{self._count}"
+        base = f"{self.prefix}{op_type}_{self._count}"
         outs = [f"{base}/out{j}" for j in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain or None, **attrs))
         return outs[0] if n_out == 1 else outs
 
     def op_named(self, op_type: str, inputs: list[str], outputs: list[str], *, domain: str = "", **attrs: Any) -> None:
         self._count += 1
-        name = f"{op_type}_{self._count}"
+        name = f"{self.prefix}{op_type}_{self._count}"
         self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, domain=domain or None, **attrs))
 
     def weight(self, name: str, array: np.ndarray) -> str:
@@ -38,7 +40,7 @@ class GraphWriter:
         arr: np.ndarray = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.tobytes(), arr.shape)
         if key not in self._consts:
-            self._consts[key] = self.weight(f"const_{len(self._consts)}", arr)
+            self._consts[key] = self.weight(f"{self.prefix}const_{len(self._consts)}", arr)
         return self._consts[key]
 
     def model(

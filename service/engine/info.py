@@ -81,7 +81,7 @@ def decoding(
     extra: dict[str, Any], moe: dict[str, Any] | None = None, cpu: CpuFeatures | None = None
 ) -> dict[str, Any]:
     """How the engine steps this model's sequences: batched on a shared-buffer KV cache (bit-identical to
-    decoding alone with MatMulNBits int8 at accuracy level 4), else one at a time."""
+    decoding alone with MatMulNBits int8 at accuracy level 4 or per-row int8), else one at a time."""
     if moe and moe.get("expert_bits") == 4 and cpu is not None and not cpu.int4_experts_batch_invariant:
         return {
             "batched": False,
@@ -95,7 +95,9 @@ def decoding(
             "fp32 model writes a graph that batches",
         }
     scheme = extra.get("quantization") or {}
-    invariant = scheme.get("scheme") == "matmulnbits_int8" and scheme.get("accuracy_level") == 4
+    invariant = (scheme.get("scheme") == "matmulnbits_int8" and scheme.get("accuracy_level") == 4) or scheme.get(
+        "scheme"
+    ) == "rows_int8"  # exact int32 sums, row-wise scales
     return {
         "batched": True,
         "batch_invariant": invariant,

@@ -17,7 +17,9 @@ MODEL_FILE = "model.onnx"
 EXTERNAL_DATA_THRESHOLD = 1 << 30  # protobuf caps a single file at 2 GiB; go external well before that
 _KNOWN_MODEL_FILES = (MODEL_FILE, "decoder_model_merged.onnx", "decoder_with_past_model.onnx", "model_quantized.onnx")
 # Ops that hold int8 (or narrower) weights: a graph with any of them is quantized already.
-QUANTIZED_OPS = frozenset({"MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits", "QLinearMatMul", "QGemm"})
+QUANTIZED_OPS = frozenset(
+    {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits", "MatMulIntegerToFloat", "QLinearMatMul", "QGemm"}
+)
 
 
 class ModelDirError(ValueError):

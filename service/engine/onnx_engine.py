@@ -14,7 +14,8 @@ passed from present to past, never through numpy.
 Batching: with the shared-buffer layout `step()` decodes all decoding sequences in one run at batch n
 (right-padded attention mask; GQA reads each row's own length from it). Prefill and resume replay
 run at batch 1 in the sequence's slot. MatMulNBits (accuracy_level 4) quantizes activations per row
-block and every other op is row-wise, so a row's logits do not depend on the other rows of the batch;
+block (per-row int8: per row, with exact integer sums) and every other op is row-wise, so a row's logits
+do not depend on the other rows of the batch;
 tests/test_engine_onnx.py checks this (token-exact), which is what makes a resume at batch 1
 reproduce a run that was decoded batched. The standard layout steps sequences one by one; `model quantize
 SRC DST --layout contrib` (engine/convert.py) rewrites a standard-op fp32 model in the contrib layout, which batches.
@@ -172,6 +173,7 @@ class OnnxEngine:
         self.config = meta.decoder
         self.model_id: str = meta.model_id or self.model_dir.name
         self.max_context: int = int(meta.extra.get("max_context", self.config.max_position))
+        check_int8_kernels(meta.extra.get("quantization") or {})
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads or default_threads()
         opts.inter_op_num_threads = 1
@@ -486,6 +488,17 @@ class OnnxEngine:
             seq.prefilled += n
         seq.length += n
         seq.tokens.extend(ids)
+
+
+def check_int8_kernels(scheme: dict[str, Any]) -> None:
+    """Refuse int8 weights whose kernel would compute wrong sums on this CPU: per-row int8 built as u8s8 (on a
+    CPU with VNNI) needs VNNI, since MLAS's u8s8 path without it saturates int16 pair sums."""
+    if scheme.get("qgemm") == "u8s8" and not cpu_features().has_vnni:
+        raise EngineError(
+            "its per-row int8 weights were built for a CPU with VNNI (u8s8 kernels) and this CPU has none "
+            f"({cpu_features().int8_kernel}), where those kernels saturate; rebuild the model on this machine "
+            "(model build-random / model quantize --block-size row), which stores them for the exact u8u8 kernels"
+        )
 
 
 def _compute_masks(constraints: list[LogitsConstraint]) -> None:

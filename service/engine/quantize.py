@@ -1,7 +1,7 @@
 """int8 quantization of a model directory into a new directory that can be served as it is.
 
 Two schemes, picked by the graph: a contrib-op graph (GroupQueryAttention: ours, onnxruntime-genai's)
-gets MatMulNBits 8-bit blocks, exactly what `build-random` writes for int8; a standard-op graph
+gets int8 MatMulNBits blocks (or per-row int8), exactly what `build-random` writes for int8; a standard-op graph
 (Optimum exports) gets onnxruntime's dynamic int8 (MatMulInteger). Everything else in the source
 directory (tokenizer, chat template, generation and genai configs) is copied. The result is written
 to a hidden sibling directory and renamed into place at the end, so an interrupted run leaves no
@@ -18,9 +18,16 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.engine.config import CONFIG_FILE, INT8_BLOCK_SIZE, read_config, write_config
+from service.engine.config import CONFIG_FILE, INT8_BLOCK_SIZE, INT8_PER_ROW, read_config, write_config
 from service.engine.cpu import cpu_features
-from service.engine.graph_contrib import MS, check_block_size, quantize_blockwise_int8
+from service.engine.graph_contrib import (
+    MS,
+    check_block_size,
+    quantize_blockwise_int8,
+    row_int8_kernel,
+    row_int8_linear,
+)
+from service.engine.graph_util import GraphWriter
 from service.engine.model_files import (
     MODEL_FILE,
     QUANTIZED_OPS,
@@ -41,7 +48,8 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
     """Write an int8 copy of the model in `src_dir` to the new directory `dst_dir`.
 
     reduce_range (7-bit weights, standard graphs only) defaults to on for CPUs without VNNI, whose
-    u8s8 kernel saturates. `block` (contrib graphs only): the weights' block size along K, default 32."""
+    u8s8 kernel saturates. `block` (contrib graphs only): the weights' block size along K, default 32, or
+    INT8_PER_ROW."""
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     src = find_model_file(src_dir)
     meta = read_config(src_dir)
@@ -52,7 +60,8 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
         raise AlreadyQuantized(f"{src_dir} is quantized already ({found}); nothing to do")
     with new_directory(dst_dir) as tmp:
         if "GroupQueryAttention" in ops:
-            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block or INT8_BLOCK_SIZE)
+            block = INT8_BLOCK_SIZE if block is None else block
+            scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block)
         elif block is not None:
             raise ModelDirError(
                 f"{src_dir} is a standard-op graph: it gets dynamic int8 (no blocks); "
@@ -67,8 +76,9 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
 
 
 def _quantize_contrib(model: onnx.ModelProto, out: Path, block: int) -> dict[str, Any]:
-    """Every MatMul by a constant 2-D fp32 weight becomes MatMulNBits (8 bits, symmetric blocks of `block`,
-    accuracy level 4), the scheme graph_contrib writes: the result equals a model built int8."""
+    """Every MatMul by a constant 2-D fp32 weight becomes int8, the scheme graph_contrib writes for `block`
+    (MatMulNBits: 8 bits, symmetric blocks, accuracy level 4; or per row): the result equals a model built
+    int8."""
     check_block_size(block)
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
@@ -77,6 +87,7 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path, block: int) -> dict[str
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
     nodes, dropped = [], set()
+    rows = GraphWriter(prefix="int8/")  # the per-row scheme's nodes and constants
     for node in graph.node:
         b = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if b is None or len(b.dims) != 2 or b.data_type != onnx.TensorProto.FLOAT:
@@ -85,28 +96,45 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path, block: int) -> dict[str
         w = numpy_helper.to_array(b).T  # [K, N] -> [N, K]
         n, k = w.shape
         base = b.name.removesuffix(".weight_t")
-        qweight, scales = quantize_blockwise_int8(w, block)
-        for suffix, array in (("qweight", qweight), ("scales", scales)):
-            graph.initializer.append(numpy_helper.from_array(array, f"{base}.{suffix}"))
-        ins = [node.input[0], f"{base}.qweight", f"{base}.scales"]
-        attrs = {"K": k, "N": n, "bits": 8, "block_size": block, "accuracy_level": 4}
-        nodes.append(helper.make_node("MatMulNBits", ins, list(node.output), name=node.name, domain=MS, **attrs))
+        if block == INT8_PER_ROW:
+            start = len(rows.nodes)
+            row_int8_linear(rows, node.input[0], base, w, out=node.output[0])
+            nodes.extend(rows.nodes[start:])
+        else:
+            qweight, scales = quantize_blockwise_int8(w, block)
+            for suffix, array in (("qweight", qweight), ("scales", scales)):
+                graph.initializer.append(numpy_helper.from_array(array, f"{base}.{suffix}"))
+            ins = [node.input[0], f"{base}.qweight", f"{base}.scales"]
+            attrs = {"K": k, "N": n, "bits": 8, "block_size": block, "accuracy_level": 4}
+            nodes.append(helper.make_node("MatMulNBits", ins, list(node.output), name=node.name, domain=MS, **attrs))
         uses[b.name] -= 1
         if uses[b.name] == 0:
             dropped.add(b.name)
     del graph.node[:]
     graph.node.extend(nodes)
-    kept = [t for t in graph.initializer if t.name not in dropped]
+    kept = [t for t in [*graph.initializer, *rows.initializers] if t.name not in dropped]
     del graph.initializer[:]
     graph.initializer.extend(kept)
     if not any(o.domain == MS for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS, 1))
     save_model(model, out)
-    return matmulnbits_scheme(block)
+    return contrib_int8_scheme(block)
 
 
-def matmulnbits_scheme(block: int = INT8_BLOCK_SIZE) -> dict[str, Any]:
+def contrib_int8_scheme(block: int = INT8_BLOCK_SIZE) -> dict[str, Any]:
     """config.json's description of graph_contrib's int8 weights."""
+    if block == INT8_PER_ROW:
+        return {
+            "scheme": "rows_int8",
+            "op": "com.microsoft.MatMulIntegerToFloat",
+            "bits": 8,
+            "block_size": "row",
+            "symmetric": True,
+            "weight_type": "int8" if row_int8_kernel() == "u8s8" else "uint8 (zero point 128)",
+            "activation_type": "uint8 (zero point 128, dynamic, per row)",
+            "qgemm": row_int8_kernel(),
+            "built_for_kernel": cpu_features().int8_kernel,
+        }
     return {
         "scheme": "matmulnbits_int8",
         "op": "com.microsoft.MatMulNBits",
