@@ -32,15 +32,23 @@ TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 @pytest.fixture(scope="module")
 def random_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """`build-random` int8, `build-random --fp32`, and `model quantize` of the latter, all through the CLI."""
+    """`build-random` int8, `build-random --fp32`, and `model quantize` of the latter, all through the CLI;
+    and the same two int8 ways per row (`--block-size row`)."""
     root = tmp_path_factory.mktemp("random")
-    dirs = {"int8": root / "int8", "fp32": root / "fp32", "quantized": root / "quantized"}
-    for args in (["build-random", str(dirs["int8"])], ["build-random", "--fp32", str(dirs["fp32"])]):
+    dirs = {name: root / name for name in ("int8", "fp32", "quantized", "row", "row-quantized")}
+    for args in (
+        ["build-random", str(dirs["int8"])],
+        ["build-random", "--fp32", str(dirs["fp32"])],
+        ["build-random", "--block-size", "row", str(dirs["row"])],
+    ):
         result = run_cli("model", *args)
         assert result.returncode == 0, result.stderr
     result = run_cli("model", "quantize", str(dirs["fp32"]), str(dirs["quantized"]))
     assert result.returncode == 0, result.stderr
     assert "matmulnbits_int8" in result.stdout
+    result = run_cli("model", "quantize", "--block-size", "row", str(dirs["fp32"]), str(dirs["row-quantized"]))
+    assert result.returncode == 0, result.stderr
+    assert "rows_int8" in result.stdout
     return dirs
 
 
@@ -82,17 +90,24 @@ def test_quantizing_an_fp32_build_gives_the_int8_build(random_dirs: dict[str, Pa
 def test_build_random_and_quantized_models_serve_as_they_are(
     random_dirs: dict[str, Path], database_url: str, server_factory: Callable[..., ServerProcess]
 ) -> None:
-    texts = []
-    for name in ("int8", "quantized"):
+    texts = {}
+    for name in ("int8", "quantized", "row", "row-quantized"):
         server = server_factory(database_url, SERVICE_MODEL=str(random_dirs[name])).start()
         client = client_for(server.url)
         assert [m.id for m in client.models.list().data] == ["random-tiny"]
         response = client.responses.create(input="Hello", max_output_tokens=16, extra_body={"seed": 5})
         assert response.status in ("completed", "incomplete") and response.usage is not None
         assert response.usage.output_tokens > 0
-        texts.append(final_text(response.model_dump(mode="json")))
+        texts[name] = final_text(response.model_dump(mode="json"))
+        if name == "row":  # streamed too: the same run's text, delta by delta
+            stream = client.responses.create(input="Hello", max_output_tokens=16, stream=True, extra_body={"seed": 5})
+            events = [event.model_dump(mode="json") for event in stream]
+            assert_well_formed_stream(events)
+            assert text_from_deltas(events) == texts[name]
         server.stop()
-    assert texts[0] and texts[0] == texts[1]  # the same int8 weights: the same tokens
+    # The same int8 weights: the same tokens, however the model was made.
+    assert texts["int8"] and texts["int8"] == texts["quantized"]
+    assert texts["row"] and texts["row"] == texts["row-quantized"]
 
 
 def test_quantize_refuses_an_int8_model_and_writes_nothing(random_dirs: dict[str, Path], tmp_path: Path) -> None:
