@@ -297,10 +297,16 @@ def model_dir_for(model: str, work_dir: Path, block: int | None = None) -> Path:
 
 
 def markdown(
-    samples: list[Sample], prompt: int, new: int, threads: int, turns: dict[tuple[str, str], list[float]]
+    samples: list[Sample],
+    prompt: int,
+    new: int,
+    threads: int,
+    turns: dict[tuple[str, str], list[float]],
+    block: int | None = None,
 ) -> str:
+    int8 = f"; Qwen shape's int8 block size: {int8_block_name(block)}" if block is not None else ""
     lines = [
-        f"Prompt ≈{prompt} tokens, {new} output tokens per client, {threads} ORT threads; "
+        f"Prompt ≈{prompt} tokens, {new} output tokens per client, {threads} ORT threads{int8}; "
         f"machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| model | path | clients | tokens/s | × 1 client | http ÷ engine | TTFT p50 ms | TTFT p99 ms "
@@ -425,7 +431,7 @@ def run(
                 finally:
                     server.stop()
     samples.sort(key=lambda s: (s.model, ["http", "steady", "engine"].index(s.path), s.clients))
-    (out / "http_load.md").write_text(markdown(samples, prompt, new, threads, conversations))
+    (out / "http_load.md").write_text(markdown(samples, prompt, new, threads, conversations, block))
     plot(samples, out / "http_load.png")
     return samples
 
