@@ -84,6 +84,13 @@ def prefilled_logits(engine: OnnxEngine, seq_id: str) -> np.ndarray:
     return engine._seqs[seq_id].logits
 
 
+def prompt_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The logits a fresh engine samples the first token after `ids` from (a flat copy)."""
+    eng = OnnxEngine(model_dir, intra_op_threads=1)
+    eng.add_sequence("s", ids, greedy(1))
+    return np.asarray(prefilled_logits(eng, "s")).reshape(-1).copy()
+
+
 def prompt(n: int, start: int = 3) -> list[int]:
     return [(start + 37 * i) % SMALL.vocab_size for i in range(n)]
 

@@ -15,7 +15,6 @@ import pytest
 from service.engine.builder import build_random_decoder
 from service.engine.config import INT8_BLOCK_SIZE, read_config
 from service.engine.model_files import find_model_file
-from service.engine.onnx_engine import OnnxEngine
 from service.engine.quantize import quantize_model
 from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.engine_fixtures import (
@@ -23,9 +22,8 @@ from tests.engine_fixtures import (
     SMALL,
     assert_batch_invariant,
     contrib_fp32_dir,
-    greedy,
-    prefilled_logits,
     prompt,
+    prompt_logits,
     small_fp32_dir,
 )
 
@@ -39,12 +37,6 @@ def _blocks(model_dir: Path) -> set[int]:
     nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert nodes
     return {a.i for n in nodes for a in n.attribute if a.name == "block_size"}
-
-
-def _logits(model_dir: Path, ids: list[int]) -> np.ndarray:
-    eng = OnnxEngine(model_dir, intra_op_threads=1)
-    eng.add_sequence("s", ids, greedy(1))
-    return np.asarray(prefilled_logits(eng, "s")).reshape(-1).copy()
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +64,8 @@ def test_quantizing_with_a_block_size_gives_the_model_built_with_it(
     assert result.returncode == 0, result.stderr[-3000:]
     quantize_model(contrib_fp32_dir, default)
     for ids in (prompt(1), prompt(9, start=40)):
-        assert np.array_equal(_logits(quantized, ids), _logits(built, ids))
-        assert not np.array_equal(_logits(default, ids), _logits(built, ids))
+        assert np.array_equal(prompt_logits(quantized, ids), prompt_logits(built, ids))
+        assert not np.array_equal(prompt_logits(default, ids), prompt_logits(built, ids))
 
 
 def test_a_larger_block_still_decodes_batched_bit_identically(built: Path) -> None:

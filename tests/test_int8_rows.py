@@ -27,8 +27,8 @@ from tests.engine_fixtures import (
     assert_batch_invariant,
     contrib_fp32_dir,
     greedy,
-    prefilled_logits,
     prompt,
+    prompt_logits,
 )
 
 __all__ = ["contrib_fp32_dir"]
@@ -38,12 +38,6 @@ NO_VNNI = dataclasses.replace(cpu_features(), avx512_vnni=False, avx_vnni=False,
 
 def _ops(model_dir: Path) -> set[str]:
     return {n.op_type for n in onnx.load(str(find_model_file(model_dir)), load_external_data=False).graph.node}
-
-
-def _logits(model_dir: Path, ids: list[int]) -> np.ndarray:
-    eng = OnnxEngine(model_dir, intra_op_threads=1)
-    eng.add_sequence("s", ids, greedy(1))
-    return np.asarray(prefilled_logits(eng, "s")).reshape(-1).copy()
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +70,12 @@ def test_quantizing_per_row_gives_the_model_built_per_row(rows: Path, contrib_fp
     assert result.returncode == 0, result.stderr[-3000:]
     assert read_config(out).extra["quantization"]["scheme"] == "rows_int8"
     for ids in (prompt(1), prompt(9, start=40)):
-        assert np.array_equal(_logits(out, ids), _logits(rows, ids))
+        assert np.array_equal(prompt_logits(out, ids), prompt_logits(rows, ids))
 
 
 def test_per_row_logits_stay_close_to_fp32(rows: Path, contrib_fp32_dir: Path) -> None:
     for ids in (prompt(5), prompt(20, start=300)):
-        exact, got = _logits(contrib_fp32_dir, ids), _logits(rows, ids)
+        exact, got = prompt_logits(contrib_fp32_dir, ids), prompt_logits(rows, ids)
         assert np.abs(got - exact).max() < 0.05 * np.abs(exact).max()
         assert int(np.argmax(got)) == int(np.argmax(exact))
 
@@ -96,7 +90,7 @@ def test_the_u8u8_weights_give_the_same_bits(rows: Path, rows_u8u8: Path) -> Non
     scheme = read_config(rows_u8u8).extra["quantization"]
     assert scheme["qgemm"] == "u8u8" and scheme["weight_type"].startswith("uint8")
     for ids in (prompt(3), prompt(17, start=500)):
-        assert np.array_equal(_logits(rows_u8u8, ids), _logits(rows, ids))
+        assert np.array_equal(prompt_logits(rows_u8u8, ids), prompt_logits(rows, ids))
 
 
 @pytest.mark.skipif(not cpu_features().has_vnni, reason="u8s8 weights are built only on a CPU with VNNI")
