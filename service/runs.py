@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +64,42 @@ class _GaveUp(Exception):
     """A commit abandoned while shutting down; the log still holds everything committed."""
 
 
+class _PendingAdds:
+    """engine.add_sequence calls waiting for the engine thread, in arrival order. The loop puts them; the
+    engine thread takes them at the start of a step (those that step may serve) or in a job of their own;
+    each call runs once, and its outcome settles its future on the loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[Callable[[], None], int, asyncio.Future[None]]] = []
+
+    def put(self, add: Callable[[], None], *, first_step: int, done: asyncio.Future[None]) -> None:
+        with self._lock:
+            self._waiting.append((add, first_step, done))
+
+    def take(self, step: int | None) -> None:
+        """Run (in the engine thread) the adds that step `step` may serve; all of them for None."""
+        with self._lock:
+            now = [w for w in self._waiting if step is None or w[1] <= step]
+            self._waiting = [w for w in self._waiting if w not in now]
+        for add, _, done in now:
+            try:
+                add()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                done.get_loop().call_soon_threadsafe(_settle, done, exc)
+            else:
+                done.get_loop().call_soon_threadsafe(_settle, done, None)
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():  # its waiter was cancelled (shutdown)
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)
+
+
 class RunSupervisor:
     def __init__(self, db: AsyncEngine, runtime: ModelRuntime, notifier: Notifier, settings: Settings) -> None:
         self.db = db
@@ -86,6 +124,7 @@ class RunSupervisor:
         self._ahead: collections.deque[tuple[int, asyncio.Future[_StepResult]]] = collections.deque()
         self._steps_submitted = 0
         self._left_at: dict[str, int] = {}
+        self._adds = _PendingAdds()  # newcomers for the engine thread's next step (see _add_to_engine)
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
         # Admission by memory: the rest wait in the durable queue (the log).
         self.max_active = limit_for_engine(runtime.engine, settings.kv_cache_budget_bytes, settings.max_active_runs)
@@ -305,9 +344,7 @@ class RunSupervisor:
         try:
             # Quick: the engine only validates and registers it; its prefill happens in the next steps,
             # between decode runs (the first token's wait, prefill included, is timed from here).
-            await self._in_engine(
-                self.runtime.engine.add_sequence, rid, segment.prompt, params, run.constraint, segment.tokens
-            )
+            await self._add_to_engine(rid, segment.prompt, params, run.constraint, segment.tokens)
         except EngineError as exc:
             too_long = len(segment.prompt) + len(segment.tokens) >= self.runtime.engine.max_context
             code = "context_length_exceeded" if too_long else "model_error"
@@ -399,13 +436,34 @@ class RunSupervisor:
     def _submit_steps(self) -> None:
         """Queue engine steps until STEPS_AHEAD are in flight (the engine thread runs them in order)."""
         while self.active and len(self._ahead) < STEPS_AHEAD:
-            self._ahead.append((self._steps_submitted, asyncio.ensure_future(self._in_engine(self._engine_step))))
+            index = self._steps_submitted
+            self._ahead.append((index, asyncio.ensure_future(self._in_engine(self._engine_step, index))))
             self._steps_submitted += 1
 
-    def _engine_step(self) -> _StepResult:
-        """One engine step and the runs whose prefill failed in it (in the engine thread)."""
+    def _engine_step(self, index: int) -> _StepResult:
+        """One engine step and the runs whose prefill failed in it (in the engine thread); newcomers waiting
+        for this step join it first."""
+        self._adds.take(index)
         engine = self.runtime.engine
         return metrics.timed(metrics.ENGINE_STEP, engine.step)(), engine.pop_failures()
+
+    async def _add_to_engine(
+        self, rid: str, prompt: list[int], params: SamplingParams, constraint: Any, tokens: list[int]
+    ) -> None:
+        """engine.add_sequence, in the engine thread, at the start of the first engine step already queued
+        there that may yield the run's tokens, or on its own if none does. Queued behind those steps, a
+        newcomer would wait for all of them (STEPS_AHEAD) before its prefill could start. A run that left
+        the engine when n steps had been submitted may only join a step >= n: the loop ignores its outputs
+        of earlier steps (see _left_at)."""
+        loop = asyncio.get_running_loop()
+        added: asyncio.Future[None] = loop.create_future()
+        self._adds.put(
+            functools.partial(self.runtime.engine.add_sequence, rid, prompt, params, constraint, tokens),
+            first_step=self._left_at.get(rid, 0),
+            done=added,
+        )
+        loop.run_in_executor(self._engine_thread, self._adds.take, None)  # taken here if no queued step did
+        await added
 
     def _prefill_failed(self, run: ActiveRun, exc: EngineError) -> RunWrite:
         """End a run whose prefill failed in the engine step (the engine has dropped it already)."""
