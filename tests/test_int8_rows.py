@@ -62,6 +62,7 @@ def test_every_linear_layer_is_per_row_int8_and_config_json_says_so(rows: Path) 
     assert scheme["qgemm"] == ("u8s8" if cpu_features().has_vnni else "u8u8")
     info = json.loads(run_cli("model", "info", str(rows)).stdout)
     assert info["decoding"]["batch_invariant"] is True
+    assert info["op_counts"]["MatMulIntegerToFloat"] == 4 * SMALL.num_layers + 1  # qkv, o, gate_up, down; the head
 
 
 def test_quantizing_per_row_gives_the_model_built_per_row(rows: Path, contrib_fp32_dir: Path, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ _REPORTED_OPS = (
     "DynamicQuantizeMatMul",
     "DynamicQuantizeLinear",
     "MatMulNBits",
+    "MatMulIntegerToFloat",
     "MatMul",
     "GroupQueryAttention",
     "RotaryEmbedding",
