@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import observability as metrics
 from service.config import Settings
 from service.engine.admission import limit_for_engine
-from service.engine.base import EngineError, SamplingParams, TokenOutput
+from service.engine.base import EngineError, LogitsConstraint, SamplingParams, TokenOutput
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import project
@@ -64,6 +64,10 @@ class _GaveUp(Exception):
     """A commit abandoned while shutting down; the log still holds everything committed."""
 
 
+# An add waiting for the engine thread: the call, the first step that may run it, the future it settles.
+_WaitingAdd = tuple[Callable[[], None], int, asyncio.Future[None]]
+
+
 class _PendingAdds:
     """engine.add_sequence calls waiting for the engine thread, in arrival order. The loop puts them; the
     engine thread takes them at the start of a step (those that step may serve) or in a job of their own;
@@ -71,7 +75,7 @@ class _PendingAdds:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: list[tuple[Callable[[], None], int, asyncio.Future[None]]] = []
+        self._waiting: list[_WaitingAdd] = []
 
     def put(self, add: Callable[[], None], *, first_step: int, done: asyncio.Future[None]) -> None:
         with self._lock:
@@ -79,9 +83,12 @@ class _PendingAdds:
 
     def take(self, step: int | None) -> None:
         """Run (in the engine thread) the adds that step `step` may serve; all of them for None."""
+        now: list[_WaitingAdd] = []
+        later: list[_WaitingAdd] = []
         with self._lock:
-            now = [w for w in self._waiting if step is None or w[1] <= step]
-            self._waiting = [w for w in self._waiting if w not in now]
+            for waiting in self._waiting:
+                (now if step is None or waiting[1] <= step else later).append(waiting)
+            self._waiting = later
         for add, _, done in now:
             try:
                 add()
@@ -448,7 +455,12 @@ class RunSupervisor:
         return metrics.timed(metrics.ENGINE_STEP, engine.step)(), engine.pop_failures()
 
     async def _add_to_engine(
-        self, rid: str, prompt: list[int], params: SamplingParams, constraint: Any, tokens: list[int]
+        self,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        constraint: LogitsConstraint | None,
+        tokens: list[int],
     ) -> None:
         """engine.add_sequence, in the engine thread, at the start of the first engine step already queued
         there that may yield the run's tokens, or on its own if none does. Queued behind those steps, a

@@ -12,6 +12,7 @@ from service.engine.config import (
     HARMONY_BOS_ID,
     HARMONY_EOS_ID,
     HARMONY_VOCAB_SIZE,
+    INT8_BLOCK_NAMES,
     INT8_BLOCK_SIZE,
     DecoderConfig,
     parse_int8_block,
@@ -124,6 +125,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
         "weight row and per activation row (MatMulInteger; faster prefill and batched decode). Larger blocks "
         "decode faster and round more coarsely: see the README's int8 block size"
     )
+    block_choices = "{" + ",".join(INT8_BLOCK_NAMES) + "}"
     sub = model.add_subparsers(dest="model_command", required=True)
 
     p = sub.add_parser("build-default", help="build (if needed) and cache the built-in model")
@@ -144,7 +146,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
         "to decoding alone. Default: keep SRC's layout (a standard-op graph gets dynamic int8 and steps one "
         "sequence at a time)",
     )
-    p.add_argument("--block-size", type=_block_size, default=None, metavar="{row,16,32,64,128,256}", help=block_help)
+    p.add_argument("--block-size", type=_block_size, default=None, metavar=block_choices, help=block_help)
     p.set_defaults(func=_quantize)
 
     p = sub.add_parser("info", help="print a model directory's description as JSON")
@@ -166,7 +168,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fp32", action="store_true", help="skip int8 quantization (not for gpt-oss shapes)")
     p.add_argument("--layers", type=int, default=None, help="gpt-oss shapes: fewer layers of the same width")
     p.add_argument("--expert-bits", type=int, choices=[4, 8], default=None, help="gpt-oss shapes (default 4)")
-    p.add_argument("--block-size", type=_block_size, default=None, metavar="{row,16,32,64,128,256}", help=block_help)
+    p.add_argument("--block-size", type=_block_size, default=None, metavar=block_choices, help=block_help)
     p.set_defaults(func=_build_random)
 
     from service.training.cli import add_train_builtin  # torch is imported only when the command runs

@@ -35,11 +35,14 @@ def int8_block_name(block: int) -> str:
     return "row" if block == INT8_PER_ROW else str(block)
 
 
+INT8_BLOCK_NAMES = tuple(map(int8_block_name, INT8_BLOCK_SIZES))  # the CLI's choices, in order
+
+
 def parse_int8_block(text: str) -> int:
     """The CLI's --block-size: "row" or one of the MatMulNBits sizes."""
     block = INT8_PER_ROW if text == "row" else int(text) if text.isdigit() else -1
     if block not in INT8_BLOCK_SIZES:
-        raise ValueError(f"int8 block size must be one of {', '.join(map(int8_block_name, INT8_BLOCK_SIZES))}")
+        raise ValueError(f"int8 block size must be one of {', '.join(INT8_BLOCK_NAMES)}")
     return block
 
 

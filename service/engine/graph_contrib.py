@@ -16,17 +16,30 @@ import numpy as np
 import onnx
 
 from service.engine.config import (
+    INT8_BLOCK_NAMES,
     INT8_BLOCK_SIZE,
     INT8_BLOCK_SIZES,
     INT8_PER_ROW,
     DecoderConfig,
-    int8_block_name,
 )
 from service.engine.cpu import cpu_features
 from service.engine.graph_util import FLOAT, INT64, GraphWriter, tensor_info
 from service.engine.weights import rope_tables
 
 MS = "com.microsoft"
+
+
+def _symmetric_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 codes of x along its last axis (-127..127) and their float32 scales, one per vector
+    along that axis (1 for an all-zero vector)."""
+    scale = np.abs(x).max(axis=-1) / 127.0
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    return np.clip(np.rint(x / scale[..., None]), -127, 127).astype(np.int8), scale
+
+
+def _around_128(q: np.ndarray) -> np.ndarray:
+    """int8 codes stored as uint8 with zero point 128."""
+    return (q.astype(np.int16) + 128).astype(np.uint8)
 
 
 def quantize_blockwise_int8(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
@@ -37,25 +50,19 @@ def quantize_blockwise_int8(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tupl
     kb = -(-k // block)
     padded = np.zeros((n, kb * block), dtype=np.float32)
     padded[:, :k] = w
-    blocks = padded.reshape(n, kb, block)
-    scale = np.abs(blocks).max(axis=2) / 127.0
-    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-    q = np.clip(np.rint(blocks / scale[:, :, None]), -127, 127).astype(np.int16) + 128
-    return q.astype(np.uint8), scale.reshape(-1)
+    q, scale = _symmetric_int8(padded.reshape(n, kb, block))
+    return _around_128(q), scale.reshape(-1)
 
 
 def check_block_size(block: int) -> int:
     if block not in INT8_BLOCK_SIZES:
-        sizes = ", ".join(map(int8_block_name, INT8_BLOCK_SIZES))
-        raise ValueError(f"int8 block size must be one of {sizes}, not {block}")
+        raise ValueError(f"int8 block size must be one of {', '.join(INT8_BLOCK_NAMES)}, not {block}")
     return block
 
 
 def quantize_rows_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 with one scale per row of w [N, K] (per output channel): B [K, N] int8 and scales [N]."""
-    scale = np.abs(w).max(axis=1) / 127.0
-    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    q, scale = _symmetric_int8(w)
     return np.ascontiguousarray(q.T), scale
 
 
@@ -76,7 +83,7 @@ def row_int8_linear(g: GraphWriter, x: str, name: str, weight: np.ndarray, out: 
     if row_int8_kernel() == "u8s8":
         b, b_zero = g.weight(name + ".qweight", q), ""
     else:
-        b, b_zero = g.weight(name + ".qweight", (q.astype(np.int16) + 128).astype(np.uint8)), zero
+        b, b_zero = g.weight(name + ".qweight", _around_128(q)), zero
     amax = g.op("ReduceMax", [g.op("Abs", [x])], axes=[-1], keepdims=1)
     x_scale = g.op("Div", [g.op("Max", [amax, g.const(1e-30, np.float32)]), g.const(127.0, np.float32)])
     x_q = g.op("Add", [g.op("Round", [g.op("Div", [x, x_scale])]), g.const(128.0, np.float32)])

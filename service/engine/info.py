@@ -96,9 +96,10 @@ def decoding(
             "fp32 model writes a graph that batches",
         }
     scheme = extra.get("quantization") or {}
-    invariant = (scheme.get("scheme") == "matmulnbits_int8" and scheme.get("accuracy_level") == 4) or scheme.get(
-        "scheme"
-    ) == "rows_int8"  # exact int32 sums, row-wise scales
+    kind = scheme.get("scheme")
+    # Rows never meet in a sum: MatMulNBits at accuracy level 4 quantizes per row block; rows_int8 per row,
+    # with exact int32 sums.
+    invariant = kind == "rows_int8" or (kind == "matmulnbits_int8" and scheme.get("accuracy_level") == 4)
     return {
         "batched": True,
         "batch_invariant": invariant,

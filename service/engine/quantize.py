@@ -124,15 +124,16 @@ def _quantize_contrib(model: onnx.ModelProto, out: Path, block: int) -> dict[str
 def contrib_int8_scheme(block: int = INT8_BLOCK_SIZE) -> dict[str, Any]:
     """config.json's description of graph_contrib's int8 weights."""
     if block == INT8_PER_ROW:
+        qgemm = row_int8_kernel()
         return {
             "scheme": "rows_int8",
             "op": "com.microsoft.MatMulIntegerToFloat",
             "bits": 8,
             "block_size": "row",
             "symmetric": True,
-            "weight_type": "int8" if row_int8_kernel() == "u8s8" else "uint8 (zero point 128)",
+            "weight_type": "int8" if qgemm == "u8s8" else "uint8 (zero point 128)",
             "activation_type": "uint8 (zero point 128, dynamic, per row)",
-            "qgemm": row_int8_kernel(),
+            "qgemm": qgemm,
             "built_for_kernel": cpu_features().int8_kernel,
         }
     return {
