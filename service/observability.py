@@ -72,6 +72,11 @@ PREFIX_CACHE_HITS = Gauge("service_prefix_cache_hits", "Runs that reused cached 
 PREFIX_CACHE_TOKENS = Gauge(
     "service_prefix_cache_reused_tokens", "Prompt tokens taken from the prefix cache", multiprocess_mode="livesum"
 )
+PREFIX_CACHE_WARMED = Gauge(
+    "service_prefix_cache_warmed_tokens",
+    "Tokens an idle engine prefilled into the prefix cache for finished conversations' next turns",
+    multiprocess_mode="livesum",
+)
 
 
 def timed(histogram: Histogram, function: Callable[[], T]) -> Callable[[], T]:
@@ -137,6 +142,7 @@ async def metrics_endpoint(request: Request) -> Response:
     if cache is not None:
         PREFIX_CACHE_HITS.set(cache.hits)
         PREFIX_CACHE_TOKENS.set(cache.reused_tokens)
+        PREFIX_CACHE_WARMED.set(cache.warmed_tokens)
     body, content_type = metrics_text()
     return Response(body, media_type=content_type)
 

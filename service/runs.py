@@ -29,7 +29,7 @@ from service.engine.base import EngineError, LogitsConstraint, SamplingParams, T
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import project
-from service.prompting.base import MalformedOutput
+from service.prompting.base import MalformedOutput, next_turn_prefix
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.run_state import ActiveRun, prompt_request_from_fact, replay_run
 from service.store import event_log, leases, recorder
@@ -49,6 +49,11 @@ MAX_BACKLOG_STEPS = 16
 # Engine steps queued ahead of the loop: one computing while the loop handles the previous one's
 # tokens, and one waiting, so the engine never waits for the loop to wake up.
 STEPS_AHEAD = 2
+# Tokens an idle engine prefills per call of warm_idle (readying the prefix cache for a conversation's
+# next turn): a newcomer waits for at most one such call before its own prefill starts.
+WARM_CHUNK_TOKENS = 64
+# Finished conversations whose next turn an idle engine prefills (the most recent ones).
+WARM_QUEUE = 4
 # How often an idle worker truncates SQLite's WAL (see store.db.checkpoint_when_idle).
 CHECKPOINT_INTERVAL_SECONDS = 30.0
 # What one engine step yields: each sampled token, and the runs whose deferred prefill failed in it.
@@ -132,6 +137,8 @@ class RunSupervisor:
         self._steps_submitted = 0
         self._left_at: dict[str, int] = {}
         self._adds = _PendingAdds()  # newcomers for the engine thread's next step (see _add_to_engine)
+        # Finished conversations' next-turn prompts, rendered and prefilled by an idle engine (_warm_some).
+        self._to_warm: collections.deque[Callable[[], list[int]]] = collections.deque(maxlen=WARM_QUEUE)
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
         # Admission by memory: the rest wait in the durable queue (the log).
         self.max_active = limit_for_engine(runtime.engine, settings.kv_cache_budget_bytes, settings.max_active_runs)
@@ -203,6 +210,8 @@ class RunSupervisor:
                     next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
                     await self._drain(wait=True)
+                    if await self._in_engine(self._warm_some):
+                        continue  # more to warm: first see (at the top) whether a newcomer is waiting
                     if time.monotonic() >= next_checkpoint:
                         next_checkpoint = time.monotonic() + CHECKPOINT_INTERVAL_SECONDS
                         await checkpoint_when_idle(self.db)
@@ -506,7 +515,32 @@ class RunSupervisor:
                 self._start_tool_call(run)  # a server-side call: executed, then the run continues
             else:
                 run.finish(write, output.finish_reason)
+                self._warm_next_turn(run)
         return write
+
+    def _warm_next_turn(self, run: ActiveRun) -> None:
+        """Have the engine prefill the conversation as its next turn will render it, once idle: a client
+        that continues it (previous_response_id, a conversation, a tool's output) then waits only for the
+        prefill of what it adds. Rendering waits for the engine thread's idle time too."""
+        if getattr(self.runtime.engine, "prefix_cache", None) is None:
+            return
+        if run.projected.get("status") not in ("completed", "incomplete"):
+            return
+        outputs = list(run.projected.get("output") or [])
+        request = prompt_request_from_fact(run.fact)
+        self._to_warm.append(functools.partial(next_turn_prefix, self.runtime.chat_format, request, outputs))
+
+    def _warm_some(self) -> bool:
+        """In the engine thread while no run is active: render the queued next turns, then prefill a chunk
+        of them (engine.warm_idle); True while work is left."""
+        engine = self.runtime.engine
+        while self._to_warm:
+            render = self._to_warm.popleft()
+            try:
+                engine.warm_prefix(render())
+            except Exception:  # a prompt the format cannot render: nothing to warm, nothing lost
+                log.debug("could not render a finished run's next turn", exc_info=True)
+        return engine.warm_idle(WARM_CHUNK_TOKENS)
 
     def _logprob_entry(self, output: TokenOutput) -> dict[str, Any]:
         def entry(token_id: int, logprob: float) -> dict[str, Any]:

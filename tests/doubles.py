@@ -68,6 +68,12 @@ class ScriptedEngine:
     def active_sequence_ids(self) -> list[str]:
         return list(self.sequences)
 
+    def warm_prefix(self, tokens: Sequence[int]) -> None:
+        pass  # no prefix cache to ready
+
+    def warm_idle(self, max_tokens: int) -> bool:
+        return False
+
 
 class CharParser:
     def __init__(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,8 +55,11 @@ def test_a_longer_entry_supersedes_its_prefixes() -> None:
     assert len(cache) == 1
 
 
-def _conversation(engine: OnnxEngine, turns: int, *, neighbour: bool) -> list[list[tuple[int, float]]]:
-    """Turn k's prompt is turn k-1's prompt and output plus new tokens; (token, logprob) per turn."""
+def _conversation(
+    engine: OnnxEngine, turns: int, *, neighbour: bool, warm_chunk: int = 0
+) -> list[list[tuple[int, float]]]:
+    """Turn k's prompt is turn k-1's prompt and output plus new tokens; (token, logprob) per turn. With
+    `warm_chunk`, the engine prefills each next turn's start between turns, as an idle server's does."""
     history: list[int] = []
     outputs = []
     for turn in range(turns):
@@ -72,6 +76,10 @@ def _conversation(engine: OnnxEngine, turns: int, *, neighbour: bool) -> list[li
                 out.append((token.token_id, token.logprob))
         outputs.append(out)
         history = ids + [token for token, _ in out]
+        if warm_chunk:
+            engine.warm_prefix(history)
+            while engine.warm_idle(warm_chunk):
+                pass
     return outputs
 
 
@@ -89,6 +97,49 @@ def test_cache_does_not_change_a_single_token(
     assert _conversation(warm, 5, neighbour=neighbour) == _conversation(cold, 5, neighbour=neighbour)
     # Turns 2..5 each reused at least the previous turn's prompt (what its prefill computed).
     assert warm.prefix_cache.hits >= 4 and warm.prefix_cache.reused_tokens >= 4 * 5
+
+
+@pytest.mark.parametrize("warm_chunk", [5, 64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_warming_the_next_turn_changes_no_token(contrib_int8_dir: Path, threads: int, warm_chunk: int) -> None:
+    """An idle engine prefills each next turn's start (here: the last prompt and every sampled token):
+    the next turn reuses all of it and samples what a cold engine samples."""
+    cold = OnnxEngine(contrib_int8_dir, intra_op_threads=threads)
+    warm = OnnxEngine(contrib_int8_dir, intra_op_threads=threads, prefix_cache_bytes=64 << 20)
+    outputs = _conversation(warm, 4, neighbour=False, warm_chunk=warm_chunk)
+    assert outputs == _conversation(cold, 4, neighbour=False)
+    cache = warm.prefix_cache
+    assert cache is not None and cache.hits == 3  # warming's own reuse is not a run's hit
+    news = [5 + turn for turn in range(4)]  # each turn's new tokens, as _conversation makes them
+    histories = [sum(news[: k + 1]) + sum(len(out) for out in outputs[: k + 1]) for k in range(3)]
+    assert cache.reused_tokens == sum(histories)  # turn k+1 prefilled only its new tokens
+    # Warming computed each history past what the cache held: the sampled tokens (turn k's prompt was
+    # cached by its own prefill).
+    assert cache.warmed_tokens == sum(len(out) for out in outputs[:4])
+
+
+def test_a_newcomer_ends_the_warming_and_keeps_what_it_did(contrib_int8_dir: Path) -> None:
+    engine = OnnxEngine(contrib_int8_dir, intra_op_threads=1, prefix_cache_bytes=64 << 20)
+    engine.add_sequence("a", prompt(6), SamplingParams(max_new_tokens=20, temperature=1.0, seed=5))
+    tokens = []
+    while engine.active_sequence_ids():
+        tokens.append(engine.step()["a"].token_id)
+    engine.warm_prefix(prompt(6) + tokens)
+    engine.warm_prefix(prompt(9, start=50))
+    assert engine.warm_idle(4)  # the prompt's 6 rows copied from the cache, 4 more prefilled; more to do
+    engine.add_sequence("b", prompt(6) + tokens + prompt(3, start=40), SamplingParams(max_new_tokens=2, seed=1))
+    cache = engine.prefix_cache
+    assert cache is not None and cache.reused_tokens == 6 + 4 and cache.warmed_tokens == 4
+    assert not engine.warm_idle(64)  # busy: the rest, and the other queued prompt, are dropped
+    while engine.active_sequence_ids():
+        engine.step()
+    assert not engine.warm_idle(64) and cache.warmed_tokens == 4
+
+
+def test_engines_without_a_cache_ignore_warming(small_int8_dir: Path) -> None:
+    engine = OnnxEngine(small_int8_dir, intra_op_threads=1, prefix_cache_bytes=1 << 20)
+    engine.warm_prefix(prompt(9))
+    assert not engine.warm_idle(64)
 
 
 def test_resume_from_the_cache_is_exact(contrib_int8_dir: Path) -> None:
@@ -114,9 +165,16 @@ def test_standard_layout_has_no_prefix_cache(small_int8_dir: Path) -> None:
     assert OnnxEngine(small_int8_dir, intra_op_threads=1, prefix_cache_bytes=1 << 20).prefix_cache is None
 
 
+def _metric(url: str, name: str) -> float:
+    lines = [line for line in httpx.get(url + "/metrics").text.splitlines() if line.startswith(name + " ")]
+    return float(lines[0].split()[-1])
+
+
 def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
     tmp_path: Path, server_factory: Callable[..., ServerProcess]
 ) -> None:
+    """Each turn of a conversation through the real server: the same with and without the cache; with it,
+    once the idle engine has warmed the next turn, that turn prefills only its new message."""
     texts = []
     for cache_bytes in ("0", str(64 << 20)):
         url = f"sqlite+aiosqlite:///{tmp_path / f'cache-{cache_bytes}.db'}"
@@ -124,7 +182,14 @@ def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
         client = client_for(server.url)
         previous = None
         turns = []
+        reused_before = warmed_before = 0.0
         for turn in range(3):
+            if previous is not None and cache_bytes != "0":
+                deadline = time.monotonic() + 60
+                while _metric(server.url, "service_prefix_cache_warmed_tokens") <= warmed_before:
+                    assert time.monotonic() < deadline, "the idle engine never warmed the next turn"
+                    time.sleep(0.05)  # one warming call covers this turn's answer (under 64 tokens)
+            warmed_before = _metric(server.url, "service_prefix_cache_warmed_tokens")
             response = client.responses.create(
                 input=f"turn {turn}: tell me more",
                 max_output_tokens=24,
@@ -133,9 +198,13 @@ def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
             )
             previous = response.id
             turns.append([{k: v for k, v in item.model_dump().items() if k != "id"} for item in response.output])
+            reused = _metric(server.url, "service_prefix_cache_reused_tokens")
+            assert response.usage is not None
+            if cache_bytes == "0":
+                assert reused == 0
+            elif turn > 0:  # all but the new message's text and the few tokens around it
+                assert reused - reused_before >= response.usage.input_tokens - 16, (reused, response.usage)
+            reused_before = reused
         texts.append(turns)
-        metrics = httpx.get(server.url + "/metrics").text
-        hits = [line for line in metrics.splitlines() if line.startswith("service_prefix_cache_hits")]
-        assert float(hits[0].split()[-1]) == 0 if cache_bytes == "0" else float(hits[0].split()[-1]) >= 2, hits
         server.stop()
     assert texts[0] == texts[1]

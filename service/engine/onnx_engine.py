@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produ
 _REPLAY_COST = 16
 # Threads computing grammar masks beside the forward pass (each takes a share of the batch).
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
+# Prompts warm_prefix() keeps for an idle engine to prefill (the most recent ones).
+_WARM_QUEUE = 4
 
 
 @dataclass
@@ -213,6 +216,9 @@ class OnnxEngine:
         reusable = self._cut_anywhere and prefix_cache_bytes > 0
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
         self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
+        # Prompts expected soon (warm_prefix), prefilled into the prefix cache while the engine idles.
+        self._to_warm: deque[list[int]] = deque(maxlen=_WARM_QUEUE)
+        self._warming: _Sequence | None = None  # the one being prefilled (it holds a KV slot)
 
     # -- Engine protocol ---------------------------------------------------------------------
 
@@ -236,6 +242,7 @@ class OnnxEngine:
         vocab = self.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"token id out of range for vocabulary of {vocab}")
+        self._end_warming()  # a newcomer has the engine: what is warmed so far goes to the prefix cache
         seq = _Sequence(params, constraint, [], 0, len(generated_ids), np.empty(0, np.float32))
         seq.pending, seq.prompt_len = [int(t) for t in ids], len(prompt_ids)
         if params.frequency_penalty or params.presence_penalty:
@@ -297,6 +304,45 @@ class OnnxEngine:
 
     def active_sequence_ids(self) -> list[str]:
         return list(self._seqs)
+
+    def warm_prefix(self, tokens: Sequence[int]) -> None:
+        """Tokens a sequence will likely start with soon: the next turn of a conversation that just ended,
+        as that turn will render it. warm_idle() prefills them into the prefix cache (no-op without one)."""
+        if self.prefix_cache is not None and 2 <= len(tokens) < self.max_context:
+            self._to_warm.append([int(t) for t in tokens])
+
+    def warm_idle(self, max_tokens: int) -> bool:
+        """With no sequence active, prefill up to about `max_tokens` of the prompts given to warm_prefix()
+        (the longest cached prefix of each is copied, not recomputed), putting them in the prefix cache.
+        Returns whether any such work is left. A newcomer (add_sequence) ends it: what is prefilled so
+        far is cached, the rest dropped. Only prefill rows are ever cached, so no sampled token changes."""
+        cache = self.prefix_cache
+        if self._seqs or cache is None:
+            self._end_warming()
+            return False
+        spent = 0
+        while spent < max_tokens and (self._warming is not None or self._to_warm):
+            seq = self._warming
+            if seq is None:
+                ids = self._to_warm.popleft()
+                seq = self._warming = _Sequence(
+                    SamplingParams(max_new_tokens=1), None, [], 0, 0, np.empty(0, np.float32)
+                )
+                seq.pending, seq.prompt_len = ids, len(ids)
+                self._acquire(seq)
+                self._reuse_prefix(seq, ids, count_hit=False)
+            n = self._next_run(seq, max_tokens - spent)
+            try:
+                self._forward(seq, seq.pending[seq.length : seq.length + n])
+            except Exception as exc:
+                self._end_warming()  # keeps what was prefilled before; the queue is dropped
+                raise EngineError(f"warming the prefix cache: {exc}") from exc
+            spent += n
+            cache.note_warmed(n)
+            if seq.ready:
+                self._warming = None
+                self._release(seq)
+        return self._warming is not None or bool(self._to_warm)
 
     def pop_failures(self) -> dict[str, EngineError]:
         failed, self._failed = self._failed, {}
@@ -383,7 +429,7 @@ class OnnxEngine:
             return out
         return TokenOutput(out.token_id, out.logprob, out.top_logprobs, finish_reason=reason)
 
-    def _reuse_prefix(self, seq: _Sequence, ids: list[int]) -> int:
+    def _reuse_prefix(self, seq: _Sequence, ids: list[int], *, count_hit: bool = True) -> int:
         """Copy the longest cached prefix of the prompt `ids` into the sequence's slot, leaving at least
         its last two tokens to prefill (one alone would take the decode kernels and differ in the last
         bits from a cold prefill; _next_run never leaves one alone either); returns how many tokens the
@@ -398,8 +444,15 @@ class OnnxEngine:
             arr[seq.slot, :, :n] = rows[:, :n]
         seq.length = seq.prefilled = n
         seq.tokens = list(ids[:n])
-        self.prefix_cache.note_hit(n)
+        if count_hit:  # a run's reuse (what the metrics report), not warming's
+            self.prefix_cache.note_hit(n)
         return n
+
+    def _end_warming(self) -> None:
+        self._to_warm.clear()
+        if self._warming is not None:
+            seq, self._warming = self._warming, None
+            self._release(seq)  # caches the rows prefilled so far
 
     def _remember(self, seq: _Sequence) -> None:
         if self.prefix_cache is not None and seq.slot >= 0 and seq.prefilled > 0:

@@ -35,6 +35,7 @@ class PrefixCache:
         self._next_key = 0
         self.hits = 0
         self.reused_tokens = 0
+        self.warmed_tokens = 0  # prefilled by an idle engine for a next turn (OnnxEngine.warm_idle)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,6 +73,9 @@ class PrefixCache:
     def note_hit(self, reused: int) -> None:
         self.hits += 1
         self.reused_tokens += reused
+
+    def note_warmed(self, tokens: int) -> None:
+        self.warmed_tokens += tokens
 
     def _drop(self, key: int) -> None:
         self.bytes -= self._entries.pop(key).nbytes

@@ -6,7 +6,7 @@ instead of `if use_harmony` branches everywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from service.engine.base import LogitsConstraint
@@ -89,3 +89,18 @@ class ChatFormat(Protocol):
     def token_text(self, token_id: int) -> str:
         """One token as text (for logprobs); a token that is part of a UTF-8 sequence decodes lossily."""
         ...
+
+
+def next_turn_prefix(chat_format: ChatFormat, request: PromptRequest, outputs: list[ConversationItem]) -> list[int]:
+    """The tokens the next turn's prompt will start with, once `outputs` have answered `request`: the
+    conversation with them appended, up to where the next message's text begins. Two renderings that
+    differ only in that message's text agree up to there (the format's own rendering, so a dropped
+    reasoning item or a re-tokenized answer comes out as the next turn will have it)."""
+
+    def followed_by(text: str) -> list[int]:
+        message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        return chat_format.render(replace(request, items=[*request.items, *outputs, message]))
+
+    first, second = followed_by("x"), followed_by("y")
+    common = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))
+    return first[:common]
