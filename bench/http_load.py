@@ -1,7 +1,7 @@
 """Throughput under load: C concurrent streaming clients through the real server vs the bare engine at batch C.
 
     .venv/bin/python -m bench.http_load [--models tiny,qwen] [--clients 1,4,8,16,32] [--prompt 128] [--new 128]
-        [--threads 2] [--turns 5] [--steady-requests 3] [--database-url URL] [--out docs/benchmarks]
+        [--threads 2] [--turns 5] [--think 0,2] [--steady-requests 3] [--database-url URL] [--out docs/benchmarks]
         [--server-env NAME=VALUE ...] [--block-size N]
 
 For each model and each client count C:
@@ -19,7 +19,9 @@ For each model and each client count C:
     the server's engine does, without HTTP, SSE or the event log); TTFT is from the start to a sequence's
     first sampled token, ITL the step gaps.
   * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT per turn,
-    on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0).
+    on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0), once for each
+    --think: seconds between a turn's end and the next request (a reader's, or a tool's, time; an idle
+    server re-prefills the turn's output meanwhile, see OnnxEngine.warm_idle).
 Models: "tiny" = the built-in shape with random weights (never stops: every run makes --new tokens), "qwen" =
 `model build-random --shape qwen2.5-0.5b [--block-size N]` (Harmony vocabulary), cached in --work-dir.
 Every prompt is distinct (no prefix shared between clients) and about --prompt tokens long.
@@ -247,8 +249,9 @@ def _started(result: dict[str, object]) -> float:
     return float(str(result["started"]))
 
 
-def multi_turn(url: str, turns: int, new_tokens: int, words: int) -> list[float]:
-    """TTFT of each turn of one conversation chained by previous_response_id (seconds)."""
+def multi_turn(url: str, turns: int, new_tokens: int, words: int, think: float = 0.0) -> list[float]:
+    """TTFT of each turn of one conversation chained by previous_response_id (seconds), `think` seconds
+    after the previous turn ended."""
 
     async def run() -> list[float]:
         ttfts: list[float] = []
@@ -258,9 +261,15 @@ def multi_turn(url: str, turns: int, new_tokens: int, words: int) -> list[float]
             (await client.post(url + "/v1/responses", json=warm, timeout=600)).raise_for_status()
             for turn in range(turns):
                 text = " ".join(WORDS[(turn + i) % len(WORDS)] for i in range(words))
-                body = {"input": f"turn {turn}: {text}", "max_output_tokens": new_tokens, "stream": True, "seed": 1}
+                body = {
+                    "input": f"think {think:g}, turn {turn}: {text}",
+                    "max_output_tokens": new_tokens,
+                    "stream": True,
+                    "seed": 1,
+                }
                 if previous is not None:
                     body["previous_response_id"] = previous
+                    await asyncio.sleep(think)
                 started = time.perf_counter()
                 first: float | None = None
                 async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
@@ -301,7 +310,7 @@ def markdown(
     prompt: int,
     new: int,
     threads: int,
-    turns: dict[tuple[str, str], list[float]],
+    turns: dict[tuple[str, str, float], list[float]],
     block: int | None = None,
 ) -> str:
     int8 = f"; Qwen shape's int8 block size: {int8_block_name(block)}" if block is not None else ""
@@ -331,14 +340,17 @@ def markdown(
         lines += [
             "",
             f"Multi-turn: one client, {count} turns chained by previous_response_id (each turn ≈{prompt} new "
-            f"prompt tokens, {new} output tokens); time to first token per turn, ms.",
+            f"prompt tokens, {new} output tokens), the next turn sent `think` seconds after the previous one "
+            "ended; time to first token per turn, ms.",
             "",
-            "| model | prefix cache | " + " | ".join(f"turn {i + 1}" for i in range(count)) + " | last ÷ first |",
-            "| --- | --- | " + " | ".join("---:" for _ in range(count)) + " | ---: |",
+            "| model | prefix cache | think s | "
+            + " | ".join(f"turn {i + 1}" for i in range(count))
+            + " | last ÷ first |",
+            "| --- | --- | ---: | " + " | ".join("---:" for _ in range(count)) + " | ---: |",
         ]
-        for (model, cache), ttfts in turns.items():
+        for (model, cache, think), ttfts in turns.items():
             cells = " | ".join(f"{t * 1e3:.0f}" for t in ttfts)
-            lines.append(f"| {model} | {cache} | {cells} | {ttfts[-1] / ttfts[0]:.2f} |")
+            lines.append(f"| {model} | {cache} | {think:g} | {cells} | {ttfts[-1] / ttfts[0]:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -388,12 +400,13 @@ def run(
     database_url: str | None = None,
     server_env: dict[str, str] | None = None,
     turns: int = 0,
+    think: tuple[float, ...] = (0.0,),
     steady_requests: int = 0,
     block: int | None = None,
 ) -> list[Sample]:
     """Measure every (model, path, clients) and write http_load.md / http_load.png under `out`."""
     samples: list[Sample] = []
-    conversations: dict[tuple[str, str], list[float]] = {}
+    conversations: dict[tuple[str, str, float], list[float]] = {}
     out.mkdir(parents=True, exist_ok=True)
     for model in models:
         model_dir = model_dir_for(model, work_dir, block)
@@ -421,13 +434,15 @@ def run(
                 db_url = f"sqlite+aiosqlite:///{tmp}/turns-{cache}.db"
                 server = ServerProcess(db_url, log_path, **env, **cache_env).start(timeout=600)
                 try:
-                    conversations[(model, cache)] = multi_turn(server.url, turns, new, words=prompt // 2)
-                    print(
-                        model,
-                        f"prefix cache {cache}: TTFT per turn (ms)",
-                        [round(t * 1e3) for t in conversations[(model, cache)]],
-                        flush=True,
-                    )
+                    for pause in think:
+                        ttfts = multi_turn(server.url, turns, new, words=prompt // 2, think=pause)
+                        conversations[(model, cache, pause)] = ttfts
+                        print(
+                            model,
+                            f"prefix cache {cache}, think {pause:g} s: TTFT per turn (ms)",
+                            [round(t * 1e3) for t in ttfts],
+                            flush=True,
+                        )
                 finally:
                     server.stop()
     samples.sort(key=lambda s: (s.model, ["http", "steady", "engine"].index(s.path), s.clients))
@@ -456,6 +471,9 @@ def main() -> None:
     parser.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server")
     parser.add_argument("--turns", type=int, default=5, help="multi-turn part: turns per conversation (0 = skip)")
     parser.add_argument(
+        "--think", default="0,2", help="multi-turn part: seconds between a turn's end and the next request (list)"
+    )
+    parser.add_argument(
         "--steady-requests",
         type=int,
         default=3,
@@ -476,6 +494,7 @@ def main() -> None:
         database_url=args.database_url,
         server_env=dict(item.split("=", 1) for item in args.server_env),
         turns=args.turns,
+        think=tuple(float(t) for t in args.think.split(",")),
         steady_requests=args.steady_requests,
         block=args.block_size,
     )
