@@ -5,6 +5,7 @@ servers run by default, the trained built-in one), and real server processes sta
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 import signal
@@ -147,11 +148,24 @@ def builtin_model_dir() -> Path:
     return ensure_builtin_model(MODEL_CACHE, progress=False)
 
 
+# Ports for servers the tests start: each xdist worker draws from its own range, below the kernel's
+# ephemeral ports. A port the kernel hands out (bind to 0) could be handed to another worker too between
+# this check and the server's bind, and that worker's server would then answer our health check.
+_PORT_BLOCK = 1000
+_PORT_BASE = 20_000 + _PORT_BLOCK * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % 12)
+_next_port = itertools.cycle(range(_PORT_BASE, _PORT_BASE + _PORT_BLOCK))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port no other server of this test run is on or will be given (see _PORT_BLOCK)."""
+    for port in _next_port:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (a server still shutting down, or another program)
+            return port
+    raise AssertionError("unreachable: itertools.cycle never ends")
 
 
 class ServerProcess:
