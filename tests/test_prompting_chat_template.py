@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.prompting import chat_format_for
-from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, PromptRequest
+from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, PromptRequest, next_turn_prefix
 from service.prompting.chat_template import ChatTemplateFormat, IncrementalDetokenizer
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 
@@ -160,3 +160,13 @@ def test_missing_template_is_a_clear_error(tmp_path: Path, model_dir: Path) -> N
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="chat_template"):
         ChatTemplateFormat(tmp_path)
+
+
+def test_next_turn_prefix_is_how_the_next_turn_starts(fmt: ChatTemplateFormat) -> None:
+    request = PromptRequest(items=[_msg("user", "héllo 世界")], instructions="Be brief.")
+    answer = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi! 🙂"}]}
+    prefix = next_turn_prefix(fmt, request, [answer])
+    follow_up = fmt.render(PromptRequest(items=[*request.items, answer, _msg("user", "Bye")], instructions="Be brief."))
+    assert follow_up[: len(prefix)] == prefix
+    assert fmt.tokenizer.decode(prefix).endswith("<|im_start|>assistant\nHi! 🙂<|im_end|>\n<|im_start|>user\n")
+    assert len(follow_up) - len(prefix) <= len(fmt.tokenizer.encode("Bye<|im_end|>\n<|im_start|>assistant\n"))

@@ -22,7 +22,15 @@ from openai_harmony import (
 )
 
 from service.prompting import chat_format_for
-from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, MalformedOutput, OutputChunk, PromptRequest
+from service.prompting.base import (
+    ItemDelta,
+    ItemEnded,
+    ItemStarted,
+    MalformedOutput,
+    OutputChunk,
+    PromptRequest,
+    next_turn_prefix,
+)
 from service.prompting.harmony import HarmonyFormat
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint
 from service.prompting.vocab import O200K_SHA256, VocabError, ensure_harmony_vocab
@@ -358,3 +366,31 @@ def test_constraint_off_grammar_token_disables_it(fmt: HarmonyFormat, enc: Harmo
     c = fmt.new_constraint()
     c.accept(enc.encode("hello")[0])  # e.g. replaying tokens sampled without a constraint
     assert c.allowed_token_ids() is None
+
+
+def test_next_turn_prefix_is_how_the_next_turn_starts(fmt: HarmonyFormat, enc: HarmonyEncoding) -> None:
+    """What an idle worker prefills after a run: the next turn's prompt starts with it, whatever that turn
+    adds, and only the new message's text and the assistant header follow. Earlier reasoning is dropped
+    as the next turn drops it."""
+    request = PromptRequest(items=[_text("user", "What is 2+2?")], instructions="Be brief.")
+    reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Add them."}], "summary": []}
+    answer = _text("assistant", "It is 4.", "output_text")
+    prefix = next_turn_prefix(fmt, request, [reasoning, answer])
+    follow_up = fmt.render(
+        PromptRequest(items=[*request.items, reasoning, answer, _text("user", "And 3+3?")], instructions="Be brief.")
+    )
+    assert follow_up[: len(prefix)] == prefix
+    assert enc.decode(follow_up[len(prefix) :]) == "And 3+3?<|end|><|start|>assistant"
+    assert "Add them" not in enc.decode(prefix) and enc.decode(prefix).endswith(
+        "It is 4.<|end|><|start|>user<|message|>"
+    )
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2}'}
+    tools = (
+        {"type": "function", "name": "add", "description": "Adds", "parameters": {"type": "object"}, "strict": False},
+    )
+    with_tools = PromptRequest(items=request.items, instructions="Be brief.", tools=tools)
+    prefix = next_turn_prefix(fmt, with_tools, [call])
+    output = {"type": "function_call_output", "call_id": "c1", "output": "4"}
+    next_prompt = fmt.render(PromptRequest(items=[*request.items, call, output], instructions="Be brief.", tools=tools))
+    common = next((i for i, (a, b) in enumerate(zip(prefix, next_prompt, strict=False)) if a != b), len(prefix))
+    assert enc.decode(prefix[:common]).endswith('{"a": 2}<|call|><|start|>')  # the call is prefilled ahead
