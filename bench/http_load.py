@@ -21,7 +21,7 @@ For each model and each client count C:
   * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT per turn,
     on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0), once for each
     --think: seconds between a turn's end and the next request (a reader's, or a tool's, time; an idle
-    server re-prefills the turn's output meanwhile, see OnnxEngine.warm_idle).
+    server prefills the next turn's start meanwhile, see RunSupervisor._warm_next_turn).
 Models: "tiny" = the built-in shape with random weights (never stops: every run makes --new tokens), "qwen" =
 `model build-random --shape qwen2.5-0.5b [--block-size N]` (Harmony vocabulary), cached in --work-dir.
 Every prompt is distinct (no prefix shared between clients) and about --prompt tokens long.
