@@ -171,14 +171,14 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
-    tmp_path: Path, server_factory: Callable[..., ServerProcess]
+    database_url: str, server_factory: Callable[..., ServerProcess]
 ) -> None:
     """Each turn of a conversation through the real server: the same with and without the cache; with it,
     once the idle engine has warmed the next turn, that turn prefills only its new message."""
     texts = []
     for cache_bytes in ("0", str(64 << 20)):
-        url = f"sqlite+aiosqlite:///{tmp_path / f'cache-{cache_bytes}.db'}"
-        server = server_factory(url, SERVICE_PREFIX_CACHE_BYTES=cache_bytes).start()
+        # One database, two servers in turn (one conversation each): on SQLite and on PostgreSQL.
+        server = server_factory(database_url, SERVICE_PREFIX_CACHE_BYTES=cache_bytes).start()
         client = client_for(server.url)
         previous = None
         turns = []
