@@ -16,21 +16,25 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import event, exc
+from sqlalchemy import Engine, event, exc
+from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from service.store.faults import backoff_seconds, is_transient
+from service.store.sqlite_writer import SQLiteWriter
+
+T = TypeVar("T")
 
 CONNECT_TIMEOUT_SECONDS = 10
 
@@ -67,35 +71,16 @@ def create_engine(url: str, *, busy_timeout: float = 30.0) -> AsyncEngine:
     "database is locked" (a transient fault its caller may retry)."""
     if is_sqlite(url):
         engine = create_async_engine(url, connect_args={"timeout": busy_timeout})
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-            # Switching to WAL needs a lock; asking while another connection writes fails at once,
-            # so switch only when the file is not in WAL mode yet (WAL persists in the file).
-            cursor.execute("PRAGMA journal_mode")
-            if str(cursor.fetchone()[0]).lower() != "wal":
-                _switch_to_wal(cursor)
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            # A checkpoint truncates the WAL file back to this size (it never shrinks otherwise).
-            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
-        @event.listens_for(engine.sync_engine, "begin")
-        def _sqlite_begin(connection: Any) -> None:
-            # Writers take the write lock at BEGIN: read-then-write transactions never deadlock on
-            # the upgrade. Readers begin DEFERRED and read their WAL snapshot without any lock.
-            write = connection.get_execution_options().get(_WRITE_OPTION, False)
-            connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
-
-        # pysqlite's own transaction handling must be off for the explicit BEGIN above.
-        @event.listens_for(engine.sync_engine, "connect", insert=True)
-        def _sqlite_autocommit_off(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.isolation_level = None
-
-        return _SQLiteEngine(engine.sync_engine)
+        configure_sqlite(engine.sync_engine, busy_timeout)
+        sqlite_engine = _SQLiteEngine(engine.sync_engine)
+        database = make_url(url).database
+        if database and database != ":memory:":  # a memory database is one per connection: no second one
+            writer_engine = sa_create_engine(
+                make_url(url).set(drivername="sqlite+pysqlite"), connect_args={"timeout": busy_timeout}
+            )
+            configure_sqlite(writer_engine, busy_timeout)
+            sqlite_engine.writer = SQLiteWriter(writer_engine, {_WRITE_OPTION: True})
+        return sqlite_engine
     # pre-ping: a connection the server (or a network cut) closed is replaced before use;
     # recycle: none lives long enough to meet an idle timeout on the way.
     return create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_recycle=1800)
@@ -103,6 +88,49 @@ def create_engine(url: str, *, busy_timeout: float = 30.0) -> AsyncEngine:
 
 _WRITE_OPTION = "service_sqlite_write"
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+def configure_sqlite(engine: Engine, busy_timeout: float) -> None:
+    """Pragmas and transaction handling of every SQLite connection the service opens (see the module
+    docstring); for the async engine's sync core and for the writer's engine alike."""
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        # Switching to WAL needs a lock; asking while another connection writes fails at once,
+        # so switch only when the file is not in WAL mode yet (WAL persists in the file).
+        cursor.execute("PRAGMA journal_mode")
+        if str(cursor.fetchone()[0]).lower() != "wal":
+            _switch_to_wal(cursor)
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        # A checkpoint truncates the WAL file back to this size (it never shrinks otherwise).
+        cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _sqlite_begin(connection: Any) -> None:
+        # Writers take the write lock at BEGIN: read-then-write transactions never deadlock on
+        # the upgrade. Readers begin DEFERRED and read their WAL snapshot without any lock.
+        write = connection.get_execution_options().get(_WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+
+    # pysqlite's own transaction handling must be off for the explicit BEGIN above.
+    @event.listens_for(engine, "connect", insert=True)
+    def _sqlite_autocommit_off(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+
+async def write_transaction(engine: AsyncEngine, body: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    """`body(connection)` in one write transaction, as `async with engine.begin()` would run it; on a
+    SQLite file the whole transaction is one hop to the writer's thread (service/store/sqlite_writer.py),
+    so `body` may await only the connection's execute/scalar/scalars."""
+    writer = getattr(engine, "writer", None)
+    if writer is not None:
+        return cast(T, await writer.run(body))
+    async with engine.begin() as connection:
+        return await body(connection)
 
 
 async def checkpoint_when_idle(engine: AsyncEngine) -> None:
@@ -119,7 +147,15 @@ async def checkpoint_when_idle(engine: AsyncEngine) -> None:
 
 
 class _SQLiteEngine(AsyncEngine):
-    """`begin()` marks its connection as a writer (see the module docstring)."""
+    """`begin()` marks its connection as a writer (see the module docstring); `writer`, on a file, runs
+    write_transaction's bodies in one thread hop each."""
+
+    writer: SQLiteWriter | None = None
+
+    async def dispose(self, close: bool = True) -> None:
+        await super().dispose(close)
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.close)
 
     @contextlib.asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncConnection]:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.conversations import store as conversation_store
 from service.store import event_codec, event_log, leases, read_models, token_facts
+from service.store.db import write_transaction
 from service.store.schema import DEFAULT_PROJECT
 
 
@@ -113,19 +114,22 @@ async def _commit(
     lease_seconds: float,
     chunks: token_facts.TokenChunks | None,
 ) -> StepOutcome:
+    async def transaction(connection: Any) -> tuple[dict[str, bool], set[str], list[RunWrite]]:
+        await event_log.lock_for_append(connection)
+        owned = await leases.fence(connection, owner, [w.response_id for w in writes], lease_seconds=lease_seconds)
+        lost = {w.response_id for w in writes} - owned.keys()
+        kept = [w for w in writes if w.response_id not in lost]
+        # One statement per table for the whole group, not per run: a round trip each.
+        await event_log.append_facts(
+            connection, [(w.response_id, kind, data) for w in kept for kind, data in w.facts], chunks
+        )
+        positions = await event_log.append_encoded(connection, [e for w in kept for e in w.encoded_events()])
+        for write in kept:
+            await _apply_write(connection, write, positions.get(write.response_id, 0))
+        return owned, lost, kept
+
     try:
-        async with engine.begin() as connection:
-            await event_log.lock_for_append(connection)
-            owned = await leases.fence(connection, owner, [w.response_id for w in writes], lease_seconds=lease_seconds)
-            lost = {w.response_id for w in writes} - owned.keys()
-            kept = [w for w in writes if w.response_id not in lost]
-            # One statement per table for the whole group, not per run: a round trip each.
-            await event_log.append_facts(
-                connection, [(w.response_id, kind, data) for w in kept for kind, data in w.facts], chunks
-            )
-            positions = await event_log.append_encoded(connection, [e for w in kept for e in w.encoded_events()])
-            for write in kept:
-                await _apply_write(connection, write, positions.get(write.response_id, 0))
+        owned, lost, kept = await write_transaction(engine, transaction)  # on SQLite: one thread hop
     except BaseException:
         if chunks is not None:
             chunks.forget(w.response_id for w in writes)  # rolled back, or landed unheard: read them next time
