@@ -4,6 +4,8 @@ fencing by lease, cancellation within one step."""
 from __future__ import annotations
 
 import asyncio
+import statistics
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ from service.config import Settings
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.protocol import parse_create_request
-from service.runs import RunSupervisor
+from service.runs import MIN_COMMIT_INTERVAL_SECONDS, RunSupervisor
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT
@@ -105,6 +107,41 @@ async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypat
     for rid in ids:
         final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
         assert final["output"][0]["content"][0]["text"] == harness.engine.script
+
+
+@pytest.mark.parametrize("step_delay", [0.001, 0.05])
+async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, step_delay: float
+) -> None:
+    """A step faster than MIN_COMMIT_INTERVAL_SECONDS waits for the next one's commit; a slower step is
+    committed as soon as it is done. Either way every token lands, in order."""
+    harness.engine.step_delay = step_delay
+    starts: list[float] = []
+    original = recorder.commit_step
+
+    async def timing(db: Any, owner: str, writes: Any, **kwargs: Any) -> Any:
+        starts.append(time.monotonic())
+        return await original(db, owner, writes, **kwargs)
+
+    monkeypatch.setattr(recorder, "commit_step", timing)
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def done() -> bool:
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+    await _wait(done)
+    final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
+    assert final["output"][0]["content"][0]["text"] == harness.engine.script
+    steps = len(harness.engine.script) + 1
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    if step_delay < MIN_COMMIT_INTERVAL_SECONDS:
+        assert len(starts) < steps * 0.6, f"{len(starts)} commits for {steps} fast steps"
+        # Most, not all: what must see the log whole (admission, the idle loop once the run ended)
+        # commits what is queued at once.
+        assert statistics.median(gaps) >= MIN_COMMIT_INTERVAL_SECONDS * 0.99, gaps
+    else:
+        assert len(starts) >= steps * 0.75, f"{len(starts)} commits for {steps} slow steps"
 
 
 async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> None:
