@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import observability as metrics
 from service.config import Settings
@@ -33,7 +33,7 @@ from service.prompting.base import MalformedOutput, next_turn_prefix
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.run_state import ActiveRun, prompt_request_from_fact, replay_run
 from service.store import event_log, leases, recorder
-from service.store.db import checkpoint_when_idle
+from service.store.db import checkpoint_when_idle, write_transaction
 from service.store.faults import backoff_seconds, is_transient
 from service.store.leases import ClaimedRun
 from service.store.recorder import RunWrite, StepOutcome
@@ -283,16 +283,16 @@ class RunSupervisor:
 
     async def _admit(self) -> None:
         await self._drain(wait=True)
-        async with self.db.begin() as connection:
-            claimed = await leases.claim(
-                connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=100, cancelled_only=True
-            )
+
+        async def claim(connection: AsyncConnection) -> list[ClaimedRun]:
+            lease = self.settings.lease_seconds
+            claimed = await leases.claim(connection, self.owner, lease_seconds=lease, limit=100, cancelled_only=True)
             room = self.max_active - len(self.active)
             if room > 0:
-                claimed += await leases.claim(
-                    connection, self.owner, lease_seconds=self.settings.lease_seconds, limit=room
-                )
-        for run in claimed:
+                claimed += await leases.claim(connection, self.owner, lease_seconds=lease, limit=room)
+            return claimed
+
+        for run in await write_transaction(self.db, claim):
             try:
                 await self._resume(run)
             except Exception as exc:

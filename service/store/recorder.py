@@ -67,7 +67,8 @@ async def create_response(
     project: str = DEFAULT_PROJECT,
 ) -> None:
     response_id = response["id"]
-    async with engine.begin() as connection:
+
+    async def create(connection: Any) -> None:
         await event_log.lock_for_append(connection)
         await event_log.append_fact(connection, response_id, "request", request_fact)
         position = await event_log.append_events(connection, response_id, [created_event])
@@ -76,6 +77,8 @@ async def create_response(
         await leases.enqueue(
             connection, response_id, background=background, owner=None, lease_seconds=lease_seconds, project=project
         )
+
+    await write_transaction(engine, create)  # on SQLite: one thread hop
 
 
 async def commit_step(
