@@ -284,10 +284,10 @@ class RunSupervisor:
     async def _admit(self) -> None:
         await self._drain(wait=True)
 
-        async def claim(connection: AsyncConnection) -> list[ClaimedRun]:
-            lease = self.settings.lease_seconds
+        room, lease = self.max_active - len(self.active), self.settings.lease_seconds
+
+        async def claim(connection: AsyncConnection) -> list[ClaimedRun]:  # in the SQLite writer's thread
             claimed = await leases.claim(connection, self.owner, lease_seconds=lease, limit=100, cancelled_only=True)
-            room = self.max_active - len(self.active)
             if room > 0:
                 claimed += await leases.claim(connection, self.owner, lease_seconds=lease, limit=room)
             return claimed
