@@ -28,6 +28,12 @@ class Settings(BaseModel):
     # Prompt tokens one engine step prefills (for runs just admitted) before it decodes the running ones:
     # bounds how long a newcomer's prompt holds up every running stream's next token.
     prefill_chunk_tokens: int = Field(default=256, ge=2)
+    # A step's group commit starts no sooner than this after the previous one started. With a fast model
+    # (a few milliseconds a step) committing every step alone costs the event loop and the writer CPU the
+    # engine's threads then lack; steps committed together also have their deltas folded (one event per
+    # content, runs._advance). A client waits at most this much longer for a token. Slower steps are
+    # committed one by one, and what must see the log whole (admission, an idle loop) commits at once.
+    commit_interval_seconds: float = Field(default=0.010, ge=0)
     lease_seconds: float = Field(default=10.0, gt=0)
     # How often an idle worker looks for runs whose lease expired.
     claim_interval_seconds: float = Field(default=1.0, gt=0)

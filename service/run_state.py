@@ -18,6 +18,7 @@ from service.projection import apply, project
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PromptRequest
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.store.recorder import RunWrite
+from service.store.token_facts import group_sizes
 from service.stream_builder import Ending, StreamBuilder
 from service.tool_state import Segment
 
@@ -79,6 +80,16 @@ class ActiveRun:
             # A snapshot: the write may be committed after later deltas changed `projected`.
             write.projection = copy.deepcopy(self.projected)
         write.terminal = self.builder.finished
+
+    def record_joined(self, write: RunWrite, token_fact: dict[str, Any], new_events: list[dict[str, Any]]) -> None:
+        """Record one step's token and events into `write`'s open group (queued, not yet committed)."""
+        assert write.group_start is not None
+        write.join_group(token_fact)
+        for event in new_events:
+            self.projected = apply(self.projected, event)
+        self.builder.fold_into(write.events, new_events, group_start=write.group_start)
+        if any(e["type"] in _ROW_REFRESH_EVENTS for e in new_events):
+            write.projection = copy.deepcopy(self.projected)
 
     def finish(self, write: RunWrite, ending: Ending, error: dict[str, str] | None = None) -> None:
         try:
@@ -147,13 +158,19 @@ def replay_run(
 
     for index, data in enumerate(token_facts):
         apply_tool_facts(index)
-        for position, token in enumerate(data["ids"]):
-            if constraint is not None:
-                constraint.accept(token)
-            logprobs = [data["logprobs"][position]] if "logprobs" in data else None
-            regenerated += builder.feed(parser.feed(token), logprobs=logprobs)
-            segment.tokens.append(token)
-            generated += 1
+        start = 0
+        for size in group_sizes(data):  # the steps committed together, folded as they were (record_joined)
+            group: list[dict[str, Any]] = []
+            for position in range(start, start + size):
+                token = data["ids"][position]
+                if constraint is not None:
+                    constraint.accept(token)
+                logprobs = [data["logprobs"][position]] if "logprobs" in data else None
+                builder.fold_into(group, builder.feed(parser.feed(token), logprobs=logprobs))
+                segment.tokens.append(token)
+                generated += 1
+            regenerated += group
+            start += size
     apply_tool_facts(len(token_facts))
     if [e["type"] for e in regenerated[: len(logged)]] != [e["type"] for e in logged]:
         raise ReplayDiverged(f"replaying the tokens of {response_id} did not reproduce its logged events")

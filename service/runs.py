@@ -46,11 +46,6 @@ T = TypeVar("T")
 
 # Steps that may wait for a slow database before the engine waits too (bounds memory).
 MAX_BACKLOG_STEPS = 16
-# A step's group commit starts no sooner than this after the previous one started. With a fast model
-# (a millisecond a step) committing every step alone costs the event loop and the writer more CPU than
-# the engine's step, CPU the engine's threads then lack; grouping a few steps costs a client at most
-# this much latency. Slower steps (the Qwen shape's ~20 ms) are committed one by one as before.
-MIN_COMMIT_INTERVAL_SECONDS = 0.004
 # Engine steps queued ahead of the loop: one computing while the loop handles the previous one's
 # tokens, and one waiting, so the engine never waits for the loop to wake up.
 STEPS_AHEAD = 2
@@ -247,7 +242,7 @@ class RunSupervisor:
             if not wait and not self._inflight.done():
                 return
             await self._settle_inflight()
-        if not wait and time.monotonic() < self._last_commit_started + MIN_COMMIT_INTERVAL_SECONDS:
+        if not wait and time.monotonic() < self._last_commit_started + self.settings.commit_interval_seconds:
             return  # the next step's call starts it, with that step's tokens in the same group
         if self._backlog:
             self._last_commit_started = time.monotonic()
@@ -453,7 +448,8 @@ class RunSupervisor:
         def current(rid: str) -> bool:  # still ours, and not a step computed for an earlier incarnation
             return rid in self.active and self._left_at.get(rid, -1) <= index
 
-        writes = [self._advance(self.active[rid], output) for rid, output in outputs.items() if current(rid)]
+        advanced = [self._advance(self.active[rid], output) for rid, output in outputs.items() if current(rid)]
+        writes = [write for write in advanced if write is not None]
         writes += [self._prefill_failed(self.active[rid], exc) for rid, exc in failures.items() if current(rid)]
         self._left_at = {rid: at for rid, at in self._left_at.items() if at > index + 1}
         self._enqueue(writes)
@@ -502,29 +498,43 @@ class RunSupervisor:
         run.finish(write, "failed", {"code": "model_error", "message": str(exc)})
         return write
 
-    def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite:
+    def _advance(self, run: ActiveRun, output: TokenOutput) -> RunWrite | None:
+        """The run's write for one engine step, or None when the step joined the group its earlier steps left in
+        the backlog: steps committed together have their deltas folded into one event per content (fewer rows,
+        frames and parses per token when the engine outruns the commit interval; replay folds the same groups)."""
         write = run.write()
+        queued = self._backlog.get(run.response_id)
+        group = queued if queued is not None and queued.group_start is not None and not write.events else None
         if run.segment is not None:
             run.segment.tokens.append(output.token_id)
         logprobs = [self._logprob_entry(output)] if run.fact.get("logprobs") else None
-        write.facts.append(("tokens", {"ids": [output.token_id], **({"logprobs": logprobs} if logprobs else {})}))
+        token_fact = {"ids": [output.token_id], **({"logprobs": logprobs} if logprobs else {})}
         run.token_facts += 1
         run.generated += 1
         self.clock.token(run.response_id)
         try:
             chunks = run.parser.feed(output.token_id)
         except MalformedOutput as exc:
+            write.facts.append(("tokens", token_fact))
             self._forget(run.response_id)
             run.finish(write, "failed", {"code": "malformed_output", "message": str(exc)})
             return write
-        run.record(write, run.builder.feed(chunks, logprobs=logprobs))
-        if output.finish_reason is not None:
-            self._forget(run.response_id, in_engine=False)
-            if output.finish_reason == "stop" and run.builder.pending_call is not None:
-                self._start_tool_call(run)  # a server-side call: executed, then the run continues
-            else:
-                run.finish(write, output.finish_reason)
-                self._warm_next_turn(run)
+        new_events = run.builder.feed(chunks, logprobs=logprobs)
+        if group is not None:
+            run.record_joined(group, token_fact, new_events)
+        else:
+            write.facts.append(("tokens", token_fact))
+            write.group_start = len(write.events)
+            run.record(write, new_events)
+        if output.finish_reason is None:
+            return None if group is not None else write
+        write.group_start = None  # what follows (the end, a tool call) closes the group
+        self._forget(run.response_id, in_engine=False)
+        if output.finish_reason == "stop" and run.builder.pending_call is not None:
+            self._start_tool_call(run)  # a server-side call: executed, then the run continues
+        else:
+            run.finish(write, output.finish_reason)
+            self._warm_next_turn(run)
         return write
 
     def _warm_next_turn(self, run: ActiveRun) -> None:

@@ -381,7 +381,59 @@ class StreamBuilder:
     def _snapshot(self) -> dict[str, Any]:
         return copy.deepcopy(self.response)
 
+    def fold_into(self, events: list[Event], later: list[Event], *, group_start: int = 0) -> None:
+        """Append `later`, the events this builder emitted last, to `events`, which ends with those it emitted
+        just before: a leading delta of `later` is folded into the trailing delta of the same content, if that
+        one is at or after `group_start`. Several engine steps committed together thus give one delta event per
+        content instead of one per token; the folded event's successors and this builder's counter move back
+        by one, so sequence numbers stay contiguous. Pure given the grouping, which replay repeats."""
+        if (
+            later
+            and len(events) > group_start
+            and _foldable(events[-1], later[0])
+            and events[-1]["sequence_number"] + 1 == later[0]["sequence_number"]
+            and later[-1]["sequence_number"] + 1 == self.next_sequence_number
+        ):
+            events[-1] = _folded(events[-1], later[0])
+            for event in later[1:]:
+                event["sequence_number"] -= 1
+            self.next_sequence_number -= 1
+            later = later[1:]
+        events.extend(later)
+
     def _event(self, event_type: str, **fields: Any) -> Event:
         event = {"type": event_type, "sequence_number": self.next_sequence_number, **fields}
         self.next_sequence_number += 1
         return event
+
+
+# Delta events whose text (and logprobs) concatenate: folding two of the same content gives the one event
+# a single delta of both texts would have been.
+_FOLDABLE_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.mcp_call_arguments.delta",
+        "response.code_interpreter_call_code.delta",
+    }
+)
+
+
+def _foldable(earlier: Event, later: Event) -> bool:
+    return (
+        earlier["type"] == later["type"]
+        and earlier["type"] in _FOLDABLE_DELTAS
+        and earlier.get("item_id") == later.get("item_id")
+        and earlier.get("output_index") == later.get("output_index")
+        and earlier.get("content_index") == later.get("content_index")
+    )
+
+
+def _folded(earlier: Event, later: Event) -> Event:
+    """One delta for both (a new dict: a projection or a write may still hold `earlier`)."""
+    folded = {**earlier, "delta": earlier["delta"] + later["delta"]}
+    if "logprobs" in earlier or "logprobs" in later:
+        folded["logprobs"] = [*earlier.get("logprobs", []), *later.get("logprobs", [])]
+    return folded

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from service import stream_record
 from service.commands import Commands
 from service.config import Settings
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.protocol import parse_create_request
-from service.runs import MIN_COMMIT_INTERVAL_SECONDS, RunSupervisor
+from service.runs import RunSupervisor
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT
@@ -113,7 +114,7 @@ async def test_one_transaction_per_step_for_all_runs(harness: Harness, monkeypat
 async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
     harness: Harness, monkeypatch: pytest.MonkeyPatch, step_delay: float
 ) -> None:
-    """A step faster than MIN_COMMIT_INTERVAL_SECONDS waits for the next one's commit; a slower step is
+    """A step faster than the commit interval waits for the next one's commit; a slower step is
     committed as soon as it is done. Either way every token lands, in order."""
     harness.engine.step_delay = step_delay
     starts: list[float] = []
@@ -134,14 +135,30 @@ async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
     final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
     assert final["output"][0]["content"][0]["text"] == harness.engine.script
     steps = len(harness.engine.script) + 1
+    interval = harness.supervisor.settings.commit_interval_seconds
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    if step_delay < MIN_COMMIT_INTERVAL_SECONDS:
+    if step_delay < interval:
         assert len(starts) < steps * 0.6, f"{len(starts)} commits for {steps} fast steps"
         # Most, not all: what must see the log whole (admission, the idle loop once the run ended)
         # commits what is queued at once.
-        assert statistics.median(gaps) >= MIN_COMMIT_INTERVAL_SECONDS * 0.99, gaps
+        assert statistics.median(gaps) >= interval * 0.99, gaps
     else:
         assert len(starts) >= steps * 0.75, f"{len(starts)} commits for {steps} slow steps"
+    # Steps committed together have their deltas folded: fewer delta events than tokens when fast, one per
+    # token when slow; either way the stream is contiguous and replaying the log gives it back exactly.
+    logged = await _events(harness, rid)
+    assert [e["sequence_number"] for e in logged] == list(range(len(logged)))
+    deltas = [e for e in logged if e["type"] == "response.output_text.delta"]
+    assert "".join(e["delta"] for e in deltas) == harness.engine.script
+    if step_delay < interval:
+        assert len(deltas) < len(harness.engine.script) * 0.6, f"{len(deltas)} deltas"
+    else:
+        assert len(deltas) >= len(harness.engine.script) * 0.75, f"{len(deltas)} deltas"
+    async with harness.db.connect() as connection:
+        facts = await event_log.read_facts(connection, rid)
+    request = next(f.data for f in facts if f.kind == "request")
+    tokens = [f.data for f in facts if f.kind == "tokens"]
+    assert stream_record.regenerate(rid, request, tokens, logged[-1], CharFormat()) == logged
 
 
 async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> None:

@@ -140,3 +140,55 @@ def test_calls_to_custom_tools_are_custom_tool_call_items() -> None:
     assert (item["name"], item["input"], item["status"]) == ("calc", "42", "completed")
     assert events[-3]["input"] == "42"
     assert project(events[:4])["output"][0]["input"] == "4"  # a read mid-call folds the deltas
+
+
+def _fold_steps(steps: list[list[Any]], groups: list[int], logprobs: list[Any] | None = None) -> list[dict[str, Any]]:
+    """The events of `steps` (one feed each) folded as steps committed in groups of `groups` sizes."""
+    builder = _builder()
+    events = builder.created() + builder.in_progress()
+    step = 0
+    for size in groups:
+        group: list[dict[str, Any]] = []
+        for _ in range(size):
+            step_logprobs = [logprobs[step]] if logprobs is not None else None
+            builder.fold_into(group, builder.feed(steps[step], logprobs=step_logprobs))
+            step += 1
+        events += group
+    events += builder.finish("stop", input_tokens=1, output_tokens=len(steps), completed_at=2)
+    return events
+
+
+_STEPS: list[list[Any]] = [
+    [ItemStarted("reasoning")],
+    [ItemDelta("thin")],
+    [ItemDelta("king")],
+    [ItemEnded(), ItemStarted("message")],
+    [ItemDelta("Hel")],
+    [ItemDelta("lo")],
+    [ItemDelta("!")],
+]
+
+
+def test_steps_committed_together_fold_their_deltas_per_content() -> None:
+    one_by_one = _fold_steps(_STEPS, [1] * len(_STEPS))
+    folded = _fold_steps(_STEPS, [3, 4])
+    assert [e["sequence_number"] for e in folded] == list(range(len(folded)))
+    deltas = [(e["type"], e["delta"]) for e in folded if e["type"].endswith(".delta")]
+    # The reasoning's two deltas fold; the message's first delta starts the second group after an item boundary.
+    assert deltas == [("response.reasoning_text.delta", "thinking"), ("response.output_text.delta", "Hello!")]
+    assert len(folded) == len(one_by_one) - 3
+    assert folded[-1]["response"] == one_by_one[-1]["response"]  # the same response, fewer events
+    assert project(folded) == folded[-1]["response"]
+    # A group boundary is never folded across.
+    split = _fold_steps(_STEPS, [5, 2])
+    assert [e["delta"] for e in split if e["type"] == "response.output_text.delta"] == ["Hel", "lo!"]
+
+
+def test_folded_deltas_carry_every_token_s_logprobs() -> None:
+    steps: list[list[Any]] = [[ItemStarted("message")], [ItemDelta("A")], [], [ItemDelta("B")]]
+    lp = [{"token": t, "bytes": list(t.encode()), "logprob": -0.5, "top_logprobs": []} for t in "hABC"]
+    folded = _fold_steps(steps, [4], logprobs=lp)
+    deltas = [e for e in folded if e["type"] == "response.output_text.delta"]
+    assert [(e["delta"], e["logprobs"]) for e in deltas] == [("AB", [lp[1], lp[2], lp[3]])]
+    assert folded[-1]["response"]["output"][0]["content"][0]["logprobs"] == [lp[1], lp[2], lp[3]]
+    assert _fold_steps(steps, [1] * 4, logprobs=lp)[-1]["response"] == folded[-1]["response"]

@@ -151,3 +151,17 @@ async def test_one_write_extends_every_remembered_chunk_in_one_statement(db: Asy
         expected = [1, 2, 3] if rid == "resp_3" else [1, 3]
         assert await _facts(db, rid) == [("tokens", {"ids": expected})]
         assert chunks.get(rid) == await _chunk_in_log(db, rid)
+
+
+def test_groups_survive_merging_and_joining() -> None:
+    one, two = {"ids": [1]}, {"ids": [2, 3], "groups": [2]}
+    assert token_facts.group_sizes(one) == [1]
+    assert token_facts.merge_token_facts([one, {"ids": [4]}]) == {"ids": [1, 4]}  # all ones: no `groups`
+    assert token_facts.merge_token_facts([one, two]) == {"ids": [1, 2, 3], "groups": [1, 2]}
+    joined = token_facts.join_last_group(two, {"ids": [4]})
+    assert joined == {"ids": [2, 3, 4], "groups": [3]}
+    assert token_facts.join_last_group(one, {"ids": [5], "logprobs": ["x"]}) == {
+        "ids": [1, 5],
+        "logprobs": [None, "x"],
+        "groups": [2],
+    }

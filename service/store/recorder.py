@@ -32,6 +32,9 @@ class RunWrite:
     # Token ids the run had in the log (or queued before this write) when this write began:
     # after a commit whose outcome was never heard, the count in the log says whether it landed.
     token_facts_before: int = 0
+    # While the write's last `tokens` fact is a group that later steps may join: where that group's events start
+    # (see StreamBuilder.fold_into); None once anything else follows it.
+    group_start: int | None = None
 
     _encoded: list[event_codec.EncodedEvent] = field(default_factory=list, repr=False)
 
@@ -41,8 +44,14 @@ class RunWrite:
             self._encoded.append(event_codec.encode_event(self.response_id, event))
         return self._encoded
 
+    def join_group(self, token_fact: dict[str, Any]) -> None:
+        """Add one step's token ids to the open group (its events are folded in by the caller)."""
+        assert self.group_start is not None and self.facts and self.facts[-1][0] == "tokens"
+        self.facts[-1] = ("tokens", token_facts.join_last_group(self.facts[-1][1], token_fact))
+
     def merge(self, later: RunWrite) -> None:
         """Fold a later step of the same run into this one (the DB was slower than the engine)."""
+        self.group_start = None if later.group_start is None else len(self.events) + later.group_start
         self.facts += later.facts
         self.events += later.events
         self.projection = later.projection if later.projection is not None else self.projection

@@ -26,12 +26,33 @@ CHUNK_CHARS = 1024
 RECORD_KIND = "token_record"
 
 
+def group_sizes(fact: dict[str, Any]) -> list[int]:
+    """How the ids of a `tokens` fact were grouped when their events were built (pure).
+
+    The ids of several engine steps committed together form one group, whose text deltas are folded into
+    one delta event per content (StreamBuilder.fold_into); replay folds the same groups, so it rebuilds
+    the same events. A fact without `groups` holds groups of one id (each step committed alone)."""
+    groups = fact.get("groups")
+    return list(groups) if groups else [1] * len(fact["ids"])
+
+
 def merge_token_facts(facts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One `tokens` fact equal, for replay, to the sequence of `facts` (pure)."""
     ids = [token for fact in facts for token in fact["ids"]]
     merged: dict[str, Any] = {"ids": ids}
     if any("logprobs" in fact for fact in facts):
         merged["logprobs"] = [entry for fact in facts for entry in fact.get("logprobs", [None] * len(fact["ids"]))]
+    groups = [size for fact in facts for size in group_sizes(fact)]
+    if any(size > 1 for size in groups):
+        merged["groups"] = groups
+    return merged
+
+
+def join_last_group(fact: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """`fact` with the ids of `later` (one step's `tokens` fact) added to its last group (pure)."""
+    merged = merge_token_facts([fact, later])
+    sizes = group_sizes(fact)
+    merged["groups"] = sizes[:-1] + [sizes[-1] + len(later["ids"])]
     return merged
 
 
