@@ -8,13 +8,15 @@ For each model and each client count C:
   * http (a burst): `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each)
     POST /v1/responses with stream=true at once and read the SSE stream. Time to first token (TTFT) is
     from the POST to the first `*.delta` event, inter-token latency (ITL) the gaps between a client's
-    deltas, aggregate tokens/s the output tokens of all C responses (usage) over the wall time from the
-    first POST to the last terminal event.
+    deltas (a delta carries several tokens when the server commits steps together, see runs._advance),
+    aggregate tokens/s the output tokens of all C responses (usage) over the wall time from the first
+    POST to the last terminal event.
   * steady (closed loop, --steady-requests R): each of C clients sends R requests one after another (the
     next as soon as the previous ends), client i starting i/C of one request's duration after client 0,
     so arrivals are spread as in a server under steady load. A client's first request is a warm-up; TTFT
-    and ITL are those of the later requests, and tokens/s the deltas that arrived while every client was
-    past its warm-up and still busy, over that window.
+    and ITL are those of the later requests, and tokens/s the tokens that arrived while every client was
+    past its warm-up and still busy (a delta counted for its share of its response's tokens by its
+    characters), over that window.
   * engine: OnnxEngine in this process, the same C prompts added at once and stepped to the end (what
     the server's engine does, without HTTP, SSE or the event log); TTFT is from the start to a sequence's
     first sampled token, ITL the step gaps.
@@ -153,6 +155,7 @@ async def _one_client(client: httpx.AsyncClient, url: str, text: str, new_tokens
     body = {"input": text, "max_output_tokens": new_tokens, "stream": True, "seed": seed, "store": True}
     started = time.perf_counter()
     arrivals: list[float] = []
+    chars: list[int] = []
     output_tokens = 0
     status = "unknown"
     async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
@@ -164,10 +167,11 @@ async def _one_client(client: httpx.AsyncClient, url: str, text: str, new_tokens
             kind = event["type"]
             if kind.endswith(".delta"):
                 arrivals.append(time.perf_counter())
+                chars.append(len(event["delta"]))
             elif kind in ("response.completed", "response.incomplete", "response.failed"):
                 status = event["response"]["status"]
                 output_tokens = int((event["response"].get("usage") or {}).get("output_tokens", 0))
-    return {"started": started, "arrivals": arrivals, "tokens": output_tokens, "status": status}
+    return {"started": started, "arrivals": arrivals, "chars": chars, "tokens": output_tokens, "status": status}
 
 
 async def _clients(url: str, texts: list[str], new_tokens: int) -> list[dict[str, object]]:
@@ -231,10 +235,13 @@ def steady(model: str, url: str, texts: list[str], clients: int, requests: int, 
             sample.ttft.append(arrivals[0] - _started(result))
             sample.itl.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
         for result in results:
-            # A delta stands for tokens/deltas of its response's output tokens (Harmony headers stream none).
-            arrivals = _arrivals(result)
-            share = int(str(result["tokens"])) / len(arrivals)
-            sample.tokens += round(share * sum(1 for t in arrivals if window_start <= t <= window_end))
+            # A delta stands for its share of the response's output tokens by the characters it carries (it
+            # may carry several tokens: steps committed together are folded; Harmony headers stream none).
+            arrivals, chars = _arrivals(result), result["chars"]
+            assert isinstance(chars, list)
+            share = int(str(result["tokens"])) / max(1, sum(chars))
+            inside = sum(n for t, n in zip(arrivals, chars, strict=True) if window_start <= t <= window_end)
+            sample.tokens += round(share * inside)
     sample.seconds = max(0.0, window_end - window_start)
     return sample
 
