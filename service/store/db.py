@@ -73,10 +73,10 @@ def create_engine(url: str, *, busy_timeout: float = 30.0) -> AsyncEngine:
         engine = create_async_engine(url, connect_args={"timeout": busy_timeout})
         configure_sqlite(engine.sync_engine, busy_timeout)
         sqlite_engine = _SQLiteEngine(engine.sync_engine)
-        database = make_url(url).database
-        if database and database != ":memory:":  # a memory database is one per connection: no second one
+        parsed = make_url(url)
+        if parsed.database and parsed.database != ":memory:":  # a memory database is one per connection
             writer_engine = sa_create_engine(
-                make_url(url).set(drivername="sqlite+pysqlite"), connect_args={"timeout": busy_timeout}
+                parsed.set(drivername="sqlite+pysqlite"), connect_args={"timeout": busy_timeout}
             )
             configure_sqlite(writer_engine, busy_timeout)
             sqlite_engine.writer = SQLiteWriter(writer_engine, {_WRITE_OPTION: True})
