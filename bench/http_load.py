@@ -20,10 +20,11 @@ For each model and each client count C:
   * engine: OnnxEngine in this process, the same C prompts added at once and stepped to the end (what
     the server's engine does, without HTTP, SSE or the event log); TTFT is from the start to a sequence's
     first sampled token, ITL the step gaps.
-  * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT per turn,
-    on a server with the prefix cache and one without (SERVICE_PREFIX_CACHE_BYTES=0), once for each
-    --think: seconds between a turn's end and the next request (a reader's, or a tool's, time; an idle
-    server prefills the next turn's start meanwhile, see RunSupervisor._warm_next_turn).
+  * multi-turn (--turns): one client, a conversation chained by previous_response_id, TTFT and decode tok/s
+    per turn, on a server with the prefix cache, one that also warms a continued conversation's next turn as
+    it decodes (SERVICE_WARM_WHILE_DECODING=1), and one without the cache (SERVICE_PREFIX_CACHE_BYTES=0),
+    once for each --think: seconds between a turn's end and the next request (a reader's, or a tool's,
+    time; an idle server prefills the next turn's start meanwhile, see RunSupervisor._warm_next_turn).
 Models: "tiny" = the built-in shape with random weights (never stops: every run makes --new tokens), "qwen" =
 `model build-random --shape qwen2.5-0.5b [--block-size N]` (Harmony vocabulary), cached in --work-dir.
 Every prompt is distinct (no prefix shared between clients) and about --prompt tokens long.
@@ -38,6 +39,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -256,12 +258,22 @@ def _started(result: dict[str, object]) -> float:
     return float(str(result["started"]))
 
 
-def multi_turn(url: str, turns: int, new_tokens: int, words: int, think: float = 0.0) -> list[float]:
-    """TTFT of each turn of one conversation chained by previous_response_id (seconds), `think` seconds
-    after the previous turn ended."""
+# The multi-turn part's servers: the prefix cache as served by default, with the next turn also warmed while a
+# continued conversation decodes (Settings.warm_while_decoding), and off.
+CACHE_CONFIGURATIONS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("on", {}),
+    ("on, warmed while decoding", {"SERVICE_WARM_WHILE_DECODING": "1"}),
+    ("off", {"SERVICE_PREFIX_CACHE_BYTES": "0"}),
+)
 
-    async def run() -> list[float]:
-        ttfts: list[float] = []
+
+def multi_turn(url: str, turns: int, new_tokens: int, words: int, think: float = 0.0) -> list[tuple[float, float]]:
+    """Each turn of one conversation chained by previous_response_id, `think` seconds after the previous turn
+    ended: (TTFT in seconds, decode tokens/s: its output tokens after the first delta over the time from that
+    delta to the end)."""
+
+    async def run() -> list[tuple[float, float]]:
+        ttfts: list[tuple[float, float]] = []
         previous: str | None = None
         async with httpx.AsyncClient() as client:
             warm = {"input": "warm up", "max_output_tokens": 2}  # the server's first run pays ORT's first-run costs
@@ -279,6 +291,7 @@ def multi_turn(url: str, turns: int, new_tokens: int, words: int, think: float =
                     await asyncio.sleep(think)
                 started = time.perf_counter()
                 first: float | None = None
+                output_tokens = 0
                 async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
                     response.raise_for_status()
                     async for line in response.aiter_lines():
@@ -289,7 +302,11 @@ def multi_turn(url: str, turns: int, new_tokens: int, words: int, think: float =
                             previous = event["response"]["id"]
                         elif event["type"].endswith(".delta") and first is None:
                             first = time.perf_counter()
-                ttfts.append((first or time.perf_counter()) - started)
+                        elif event["type"] in ("response.completed", "response.incomplete"):
+                            output_tokens = (event["response"].get("usage") or {}).get("output_tokens", 0)
+                ended = time.perf_counter()
+                first = first or ended
+                ttfts.append((first - started, max(output_tokens - 1, 0) / max(ended - first, 1e-9)))
         return ttfts
 
     return asyncio.run(run())
@@ -317,7 +334,7 @@ def markdown(
     prompt: int,
     new: int,
     threads: int,
-    turns: dict[tuple[str, str, float], list[float]],
+    turns: dict[tuple[str, str, float], list[tuple[float, float]]],
     block: int | None = None,
 ) -> str:
     int8 = f"; Qwen shape's int8 block size: {int8_block_name(block)}" if block is not None else ""
@@ -348,16 +365,21 @@ def markdown(
             "",
             f"Multi-turn: one client, {count} turns chained by previous_response_id (each turn ≈{prompt} new "
             f"prompt tokens, {new} output tokens), the next turn sent `think` seconds after the previous one "
-            "ended; time to first token per turn, ms.",
+            "ended; time to first token per turn, ms, and each turn's decode rate after its first token (a "
+            "continued conversation's next turn is prefilled beside its decoding: RunSupervisor._warm_partial_turn).",
             "",
             "| model | prefix cache | think s | "
             + " | ".join(f"turn {i + 1}" for i in range(count))
-            + " | last ÷ first |",
-            "| --- | --- | ---: | " + " | ".join("---:" for _ in range(count)) + " | ---: |",
+            + " | last ÷ first | decode tok/s, turn 1 / later turns |",
+            "| --- | --- | ---: | " + " | ".join("---:" for _ in range(count)) + " | ---: | ---: |",
         ]
-        for (model, cache, think), ttfts in turns.items():
+        for (model, cache, think), per_turn in turns.items():
+            ttfts = [ttft for ttft, _ in per_turn]
+            rates = [rate for _, rate in per_turn]
             cells = " | ".join(f"{t * 1e3:.0f}" for t in ttfts)
-            lines.append(f"| {model} | {cache} | {think:g} | {cells} | {ttfts[-1] / ttfts[0]:.2f} |")
+            later = statistics.mean(rates[1:]) if len(rates) > 1 else float("nan")
+            growth = ttfts[-1] / ttfts[0]
+            lines.append(f"| {model} | {cache} | {think:g} | {cells} | {growth:.2f} | {rates[0]:.1f} / {later:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -413,7 +435,7 @@ def run(
 ) -> list[Sample]:
     """Measure every (model, path, clients) and write http_load.md / http_load.png under `out`."""
     samples: list[Sample] = []
-    conversations: dict[tuple[str, str, float], list[float]] = {}
+    conversations: dict[tuple[str, str, float], list[tuple[float, float]]] = {}
     out.mkdir(parents=True, exist_ok=True)
     for model in models:
         model_dir = model_dir_for(model, work_dir, block)
@@ -436,18 +458,20 @@ def run(
                     print(_line(samples[-1]), flush=True)
             finally:
                 server.stop()
-            for cache, cache_env in (("on", {}), ("off", {"SERVICE_PREFIX_CACHE_BYTES": "0"})) if turns else ():
-                log_path = Path(tmp) / f"turns-{cache}.log"
-                db_url = f"sqlite+aiosqlite:///{tmp}/turns-{cache}.db"
+            for number, (cache, cache_env) in enumerate(CACHE_CONFIGURATIONS if turns else ()):
+                log_path = Path(tmp) / f"turns-{number}.log"
+                db_url = f"sqlite+aiosqlite:///{tmp}/turns-{number}.db"
                 server = ServerProcess(db_url, log_path, **env, **cache_env).start(timeout=600)
                 try:
                     for pause in think:
-                        ttfts = multi_turn(server.url, turns, new, words=prompt // 2, think=pause)
-                        conversations[(model, cache, pause)] = ttfts
+                        per_turn = multi_turn(server.url, turns, new, words=prompt // 2, think=pause)
+                        conversations[(model, cache, pause)] = per_turn
                         print(
                             model,
                             f"prefix cache {cache}, think {pause:g} s: TTFT per turn (ms)",
-                            [round(t * 1e3) for t in ttfts],
+                            [round(t * 1e3) for t, _ in per_turn],
+                            "decode tok/s",
+                            [round(rate, 1) for _, rate in per_turn],
                             flush=True,
                         )
                 finally:

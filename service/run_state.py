@@ -15,7 +15,7 @@ from typing import Any
 from service import agent_loop
 from service.engine.base import LogitsConstraint
 from service.projection import apply, project
-from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PromptRequest
+from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PartialTurn, PromptRequest
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.store.recorder import RunWrite
 from service.store.token_facts import group_sizes
@@ -58,6 +58,7 @@ class ActiveRun:
     token_facts: int = 0  # token ids logged or queued for this run (in `tokens` facts)
     segment: Segment | None = None  # the agent loop's position (service/tool_state.py)
     constraint: LogitsConstraint | None = None  # the current segment's
+    partial_turn: PartialTurn | None = None  # renders its next turn as it decodes (a continued conversation)
 
     @property
     def prompt_tokens(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import copy
 import functools
 import logging
 import threading
@@ -29,7 +30,7 @@ from service.engine.base import EngineError, LogitsConstraint, SamplingParams, T
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import project
-from service.prompting.base import MalformedOutput, next_turn_prefix
+from service.prompting.base import MalformedOutput, PartialTurn, next_turn_prefix
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.run_state import ActiveRun, prompt_request_from_fact, replay_run
 from service.store import event_log, leases, recorder
@@ -49,9 +50,16 @@ MAX_BACKLOG_STEPS = 16
 # Engine steps queued ahead of the loop: one computing while the loop handles the previous one's
 # tokens, and one waiting, so the engine never waits for the loop to wake up.
 STEPS_AHEAD = 2
-# Tokens an idle engine prefills per call of warm_idle (readying the prefix cache for a conversation's
+# Tokens an idle engine prefills per call of warm (readying the prefix cache for a conversation's
 # next turn): a newcomer waits for at most one such call before its own prefill starts.
 WARM_CHUNK_TOKENS = 64
+# With Settings.warm_while_decoding, a conversation already continued once (its prompt holds a model turn) is
+# taken as likely to be continued again at once (a tool loop, a client that answers without pause): its next
+# turn is rendered every this many tokens as the turn decodes and prefilled beside the decoding, at most
+# WARM_STEP_TOKENS an engine step, so that the next turn prefills only what it adds. Other runs' next turns
+# are warmed only by an idle engine.
+WARM_EVERY_TOKENS = 16
+WARM_STEP_TOKENS = 16
 # Finished conversations whose next turn an idle engine prefills (the most recent ones).
 WARM_QUEUE = 4
 # How often an idle worker truncates SQLite's WAL (see store.db.checkpoint_when_idle).
@@ -140,6 +148,9 @@ class RunSupervisor:
         self._adds = _PendingAdds()  # newcomers for the engine thread's next step (see _add_to_engine)
         # Finished conversations' next-turn prompts, rendered and prefilled by an idle engine (_warm_some).
         self._to_warm: collections.deque[Callable[[], list[int]]] = collections.deque(maxlen=WARM_QUEUE)
+        # Continued conversations' next turns, prefilled beside decoding runs too (_warm_beside).
+        self._warm_now: collections.deque[Callable[[], list[int]]] = collections.deque(maxlen=WARM_QUEUE)
+        self._warming_beside = False  # the engine has such warming left (engine thread only)
         self.clock = metrics.RunClock()  # time to first token, inter-token latency
         # Admission by memory: the rest wait in the durable queue (the log).
         self.max_active = limit_for_engine(runtime.engine, settings.kv_cache_budget_bytes, settings.max_active_runs)
@@ -466,7 +477,11 @@ class RunSupervisor:
         for this step join it first."""
         self._adds.take(index)
         engine = self.runtime.engine
-        return metrics.timed(metrics.ENGINE_STEP, engine.step)(), engine.pop_failures()
+        outputs = metrics.timed(metrics.ENGINE_STEP, engine.step)()
+        failures = engine.pop_failures()
+        if self._warm_now or self._warming_beside:
+            self._warming_beside = self._warm_beside(WARM_STEP_TOKENS)
+        return outputs, failures
 
     async def _add_to_engine(
         self,
@@ -527,6 +542,8 @@ class RunSupervisor:
             write.group_start = len(write.events)
             run.record(write, new_events)
         if output.finish_reason is None:
+            if run.generated % WARM_EVERY_TOKENS == 0 and self._continues_conversation(run):
+                self._warm_partial_turn(run)
             return None if group is not None else write
         write.group_start = None  # what follows (the end, a tool call) closes the group
         self._forget(run.response_id, in_engine=False)
@@ -547,19 +564,55 @@ class RunSupervisor:
             return
         outputs = list(run.projected.get("output") or [])
         request = prompt_request_from_fact(run.fact)
-        self._to_warm.append(functools.partial(next_turn_prefix, self.runtime.chat_format, request, outputs))
+        render = functools.partial(next_turn_prefix, self.runtime.chat_format, request, outputs)
+        (self._warm_now if self._continues_conversation(run) else self._to_warm).append(render)
+
+    def _continues_conversation(self, run: ActiveRun) -> bool:
+        """Whether the run's next turn is warmed as it decodes: with warm_while_decoding, when its prompt holds an
+        earlier turn of the model (an answer, a call, a call's output)."""
+        if not self.settings.warm_while_decoding or getattr(self.runtime.engine, "prefix_cache", None) is None:
+            return False
+        return any(
+            item.get("type", "message") != "message" or item.get("role") == "assistant"
+            for item in run.fact["prompt_items"]
+        )
+
+    def _warm_partial_turn(self, run: ActiveRun) -> None:
+        """Queue the next turn's start as far as the run's output so far fixes it (warmed beside the decoding).
+        Not while reasoning: the next turn drops it once an answer follows."""
+        outputs = list(run.projected.get("output") or [])
+        if not outputs or outputs[-1].get("type") == "reasoning":
+            return
+        if run.partial_turn is None:
+            run.partial_turn = PartialTurn(self.runtime.chat_format, prompt_request_from_fact(run.fact))
+        snapshot = [*outputs[:-1], copy.deepcopy(outputs[-1])]  # only the last item still changes
+        self._warm_now.append(functools.partial(run.partial_turn.prefix, snapshot))
+
+    def _render_queued(self, renders: collections.deque[Callable[[], list[int]]]) -> None:
+        """In the engine thread: render the queued next turns, handing them to the engine to warm."""
+        while renders:
+            render = renders.popleft()
+            try:
+                self.runtime.engine.warm_prefix(render())
+            except Exception:  # a prompt the format cannot render: nothing to warm, nothing lost
+                log.debug("could not render a run's next turn", exc_info=True)
 
     def _warm_some(self) -> bool:
         """In the engine thread while no run is active: render the queued next turns, then prefill a chunk
-        of them (engine.warm_idle); True while work is left."""
-        engine = self.runtime.engine
-        while self._to_warm:
-            render = self._to_warm.popleft()
-            try:
-                engine.warm_prefix(render())
-            except Exception:  # a prompt the format cannot render: nothing to warm, nothing lost
-                log.debug("could not render a finished run's next turn", exc_info=True)
-        return engine.warm_idle(WARM_CHUNK_TOKENS)
+        of them (engine.warm); True while work is left."""
+        self._render_queued(self._warm_now)
+        self._render_queued(self._to_warm)
+        return self.runtime.engine.warm(WARM_CHUNK_TOKENS)
+
+    def _warm_beside(self, max_tokens: int) -> bool:
+        """In the engine thread, after a step with runs active: the continued conversations' warming (others'
+        waits for an idle engine); True while work is left. A failure drops the warming, never the step."""
+        self._render_queued(self._warm_now)
+        try:
+            return self.runtime.engine.warm(max_tokens)
+        except Exception:
+            log.warning("warming a next turn beside the decoding failed; dropped", exc_info=True)
+            return False
 
     def _logprob_entry(self, output: TokenOutput) -> dict[str, Any]:
         def entry(token_id: int, logprob: float) -> dict[str, Any]:

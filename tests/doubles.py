@@ -71,7 +71,7 @@ class ScriptedEngine:
     def warm_prefix(self, tokens: Sequence[int]) -> None:
         pass  # no prefix cache to ready
 
-    def warm_idle(self, max_tokens: int) -> bool:
+    def warm(self, max_tokens: int) -> bool:
         return False
 
 
@@ -105,6 +105,9 @@ class CharFormat:
 
     def new_constraint(self) -> None:
         return None
+
+    def encode_text(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
 
     def count_tokens(self, text: str) -> int:
         return len(text)

@@ -28,10 +28,11 @@ def test_http_load_writes_a_table_and_a_plot(tmp_path: Path, random_model_dir: P
         assert sample.tokens >= sample.clients and sample.seconds > 0
     table = (tmp_path / "out" / "http_load.md").read_text().splitlines()
     rows = [line for line in table if line.startswith("| tiny |")]
-    assert len(rows) == 6 + 4 and all(line.count("|") == 12 for line in rows[:6])
+    assert len(rows) == 6 + 6 and all(line.count("|") == 12 for line in rows[:6])
     conversations = [line.split(" | ")[1:3] for line in rows[6:]]  # (prefix cache, think) per conversation
-    assert conversations == [["on", "0"], ["on", "0.2"], ["off", "0"], ["off", "0.2"]]
-    assert all(line.count("|") == 7 for line in rows[6:])  # think, turn 1, turn 2, ratio
+    warmed = "on, warmed while decoding"
+    assert conversations == [[c, t] for c in ("on", warmed, "off") for t in ("0", "0.2")]
+    assert all(line.count("|") == 8 for line in rows[6:])  # think, turn 1, turn 2, ratio, decode rates
     assert (tmp_path / "out" / "http_load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -78,7 +78,7 @@ def _conversation(
         history = ids + [token for token, _ in out]
         if warm_chunk:
             engine.warm_prefix(history)
-            while engine.warm_idle(warm_chunk):
+            while engine.warm(warm_chunk):
                 pass
     return outputs
 
@@ -126,20 +126,104 @@ def test_a_newcomer_ends_the_warming_and_keeps_what_it_did(contrib_int8_dir: Pat
         tokens.append(engine.step()["a"].token_id)
     engine.warm_prefix(prompt(6) + tokens)
     engine.warm_prefix(prompt(9, start=50))
-    assert engine.warm_idle(4)  # the prompt's 6 rows copied from the cache, 4 more prefilled; more to do
+    assert engine.warm(4)  # the prompt's 6 rows copied from the cache, 4 more prefilled; more to do
     engine.add_sequence("b", prompt(6) + tokens + prompt(3, start=40), SamplingParams(max_new_tokens=2, seed=1))
     cache = engine.prefix_cache
     assert cache is not None and cache.reused_tokens == 6 + 4 and cache.warmed_tokens == 4
-    assert not engine.warm_idle(64)  # busy: the rest, and the other queued prompt, are dropped
+    assert not engine.warm(64)  # busy: the rest, and the other queued prompt, are dropped
     while engine.active_sequence_ids():
         engine.step()
-    assert not engine.warm_idle(64) and cache.warmed_tokens == 4
+    assert not engine.warm(64) and cache.warmed_tokens == 4
+
+
+def _turn_warmed_as_it_decodes(
+    engine: OnnxEngine, ids: list[int], seq_id: str, *, every: int
+) -> list[tuple[int, float]]:
+    """Decode one turn; every `every` tokens hand the engine the history so far (less the last token, as a
+    partial render leaves the unstable tail out) and warm a few tokens of it beside the decoding; then warm
+    the whole finished turn."""
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.95, seed=len(ids), top_logprobs=2)
+    engine.add_sequence(seq_id, ids, params)
+    out: list[tuple[int, float]] = []
+    while engine.active_sequence_ids():
+        token = engine.step()[seq_id]
+        out.append((token.token_id, token.logprob))
+        if len(out) % every == 0 and token.finish_reason is None:
+            engine.warm_prefix(ids + [t for t, _ in out[:-1]])
+        engine.warm(3)
+    engine.warm_prefix(ids + [t for t, _ in out])  # the finished turn, as the server warms it
+    while engine.warm(3):
+        pass
+    return out
+
+
+def test_warming_beside_decoding_changes_no_token_and_copies_the_live_prompt(contrib_int8_dir: Path) -> None:
+    """A continued conversation's next turn is warmed while its current turn decodes: the rows its prompt
+    prefilled are copied from its slot (not prefilled again), no sampled token or logprob changes, and the
+    next turn then prefills only what it adds."""
+    cold = OnnxEngine(contrib_int8_dir, intra_op_threads=1)
+    warm = OnnxEngine(contrib_int8_dir, intra_op_threads=1, prefix_cache_bytes=64 << 20)
+    first = prompt(9)
+    turns = []
+    for engine in (cold, warm):
+        one = _turn_warmed_as_it_decodes(engine, first, "a", every=4)
+        second = first + [t for t, _ in one] + prompt(5, start=40)
+        two = _turn_warmed_as_it_decodes(engine, second, "b", every=4)
+        third = second + [t for t, _ in two] + prompt(6, start=70)
+        engine.add_sequence("c", third, SamplingParams(max_new_tokens=4, seed=2))
+        three = []
+        while engine.active_sequence_ids():
+            three.append(engine.step()["c"].token_id)
+        turns.append((one, two, three))
+    assert turns[0] == turns[1]
+    cache = warm.prefix_cache
+    assert cache is not None
+    # Each turn's warming prefilled its sampled tokens and nothing else: its prompt's rows were copied from
+    # its slot (turn a) or the cache, and each render extended the one before.
+    assert cache.warmed_tokens == len(turns[1][0]) + len(turns[1][1])
+    # Turns b and c prefilled only their new tokens.
+    assert cache.hits == 2 and cache.reused_tokens == (len(second) - 5) + (len(third) - 6)
+
+
+def test_warming_waits_while_a_newcomer_prefills(contrib_int8_dir: Path) -> None:
+    engine = OnnxEngine(contrib_int8_dir, intra_op_threads=1, prefix_cache_bytes=64 << 20)
+    engine.add_sequence("a", prompt(6), SamplingParams(max_new_tokens=8, seed=5))
+    engine.step()  # "a" is prefilled and decoding
+    engine.warm_prefix(prompt(6) + prompt(4, start=30))
+    engine.prefill_tokens = 2  # "b" needs several steps
+    engine.add_sequence("b", prompt(12, start=50), SamplingParams(max_new_tokens=2, seed=1))
+    engine.warm_prefix(prompt(6) + prompt(4, start=30))  # given again after the newcomer dropped the queue
+    engine.step()
+    cache = engine.prefix_cache
+    assert cache is not None and engine.prefilling_sequence_ids() == ["b"]
+    assert engine.warm(64) and cache.warmed_tokens == 0  # work left, none done while "b" prefills
+    while engine.prefilling_sequence_ids():
+        engine.step()
+    assert not engine.warm(64) and cache.warmed_tokens == 4  # beside "a" and "b": the 6 rows came from "a"'s slot
+
+
+def test_a_longer_render_retargets_the_warming_and_another_prompt_waits(contrib_int8_dir: Path) -> None:
+    engine = OnnxEngine(contrib_int8_dir, intra_op_threads=1, prefix_cache_bytes=64 << 20)
+    cache = engine.prefix_cache
+    assert cache is not None
+    a, b = prompt(40), prompt(10, start=60)
+    engine.warm_prefix(a[:30])
+    assert engine.warm(4) and cache.warmed_tokens == 4
+    engine.warm_prefix(a[:20])  # older than what is being warmed: nothing to do
+    engine.warm_prefix(a)  # extends it: the same sequence goes on to 40 tokens
+    assert not engine.warm(64) and cache.warmed_tokens == 40
+    assert len(cache) == 1 and cache.match(a)[0] == 40  # cached once the idle engine had nothing left
+    engine.warm_prefix(b + [1, 2])  # unrelated to the next one: it is finished first
+    engine.warm_prefix(a + [7, 8, 9])
+    assert engine.warm(6) and cache.warmed_tokens == 40 + 6
+    assert not engine.warm(64) and cache.warmed_tokens == 40 + 12 + 3  # b whole; a: 40 rows copied, 3 prefilled
+    assert cache.match(b + [1, 2])[0] == 12 and cache.match(a + [7, 8, 9])[0] == 43
 
 
 def test_engines_without_a_cache_ignore_warming(small_int8_dir: Path) -> None:
     engine = OnnxEngine(small_int8_dir, intra_op_threads=1, prefix_cache_bytes=1 << 20)
     engine.warm_prefix(prompt(9))
-    assert not engine.warm_idle(64)
+    assert not engine.warm(64)
 
 
 def test_resume_from_the_cache_is_exact(contrib_int8_dir: Path) -> None:
@@ -174,17 +258,21 @@ def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
     database_url: str, server_factory: Callable[..., ServerProcess]
 ) -> None:
     """Each turn of a conversation through the real server: the same with and without the cache; with it,
-    once the idle engine has warmed the next turn, that turn prefills only its new message."""
+    each turn prefills only its new message. The first turn's next turn is warmed once the engine idles (the
+    test waits for that); the second, a continued conversation, is warmed as it decodes (warm_while_decoding),
+    so the third turn follows at once."""
     texts = []
     for cache_bytes in ("0", str(64 << 20)):
         # One database, two servers in turn (one conversation each): on SQLite and on PostgreSQL.
-        server = server_factory(database_url, SERVICE_PREFIX_CACHE_BYTES=cache_bytes).start()
+        server = server_factory(
+            database_url, SERVICE_PREFIX_CACHE_BYTES=cache_bytes, SERVICE_WARM_WHILE_DECODING="1"
+        ).start()
         client = client_for(server.url)
         previous = None
         turns = []
         reused_before = warmed_before = 0.0
         for turn in range(3):
-            if previous is not None and cache_bytes != "0":
+            if turn == 1 and cache_bytes != "0":
                 deadline = time.monotonic() + 60
                 while _metric(server.url, "service_prefix_cache_warmed_tokens") <= warmed_before:
                     assert time.monotonic() < deadline, "the idle engine never warmed the next turn"
@@ -192,7 +280,7 @@ def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
             warmed_before = _metric(server.url, "service_prefix_cache_warmed_tokens")
             response = client.responses.create(
                 input=f"turn {turn}: tell me more",
-                max_output_tokens=24,
+                max_output_tokens=80,
                 previous_response_id=previous,
                 extra_body={"seed": 7},
             )

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from service.prompting import chat_format_for
-from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, PromptRequest, next_turn_prefix
+from service.prompting.base import (
+    ItemDelta,
+    ItemEnded,
+    ItemStarted,
+    OutputChunk,
+    PartialTurn,
+    PromptRequest,
+    next_turn_prefix,
+)
 from service.prompting.chat_template import ChatTemplateFormat, IncrementalDetokenizer
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 
@@ -170,3 +178,20 @@ def test_next_turn_prefix_is_how_the_next_turn_starts(fmt: ChatTemplateFormat) -
     assert follow_up[: len(prefix)] == prefix
     assert fmt.tokenizer.decode(prefix).endswith("<|im_start|>assistant\nHi! 🙂<|im_end|>\n<|im_start|>user\n")
     assert len(follow_up) - len(prefix) <= len(fmt.tokenizer.encode("Bye<|im_end|>\n<|im_start|>assistant\n"))
+
+
+def test_partial_turn_is_how_the_next_turn_starts(fmt: ChatTemplateFormat) -> None:
+    request = PromptRequest(items=[_msg("user", "héllo 世界")], instructions="Be brief.")
+    text = "Hi there! 🙂 How are you doing today?"
+    follow_up = fmt.render(
+        PromptRequest(items=[*request.items, _answer(text), _msg("user", "Bye")], instructions="Be brief.")
+    )
+    partial = PartialTurn(fmt, request)
+    for cut in range(0, len(text) + 1, 3):
+        prefix = partial.prefix([_answer(text[:cut])])
+        assert prefix and follow_up[: len(prefix)] == prefix, cut
+    assert "Hi there! 🙂 How are you" in fmt.tokenizer.decode(prefix)
+
+
+def _answer(text: str) -> dict:
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}

@@ -28,6 +28,7 @@ from service.prompting.base import (
     ItemStarted,
     MalformedOutput,
     OutputChunk,
+    PartialTurn,
     PromptRequest,
     next_turn_prefix,
 )
@@ -394,3 +395,26 @@ def test_next_turn_prefix_is_how_the_next_turn_starts(fmt: HarmonyFormat, enc: H
     next_prompt = fmt.render(PromptRequest(items=[*request.items, call, output], instructions="Be brief.", tools=tools))
     common = next((i for i, (a, b) in enumerate(zip(prefix, next_prompt, strict=False)) if a != b), len(prefix))
     assert enc.decode(prefix[:common]).endswith('{"a": 2}<|call|><|start|>')  # the call is prefilled ahead
+
+
+def test_partial_turn_is_how_the_next_turn_starts(fmt: HarmonyFormat, enc: HarmonyEncoding) -> None:
+    """What is warmed while a continued conversation's turn decodes: however far the answer has come, the
+    next turn starts with it (the answer's last word, still growing, is left out)."""
+    request = PromptRequest(items=[_text("user", "Tell me a story.")], instructions="Be brief.")
+    reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "A short one."}], "summary": []}
+    text = "Once upon a time, 12345 dragons lived in Zürich.\n\nThe end."
+    follow_up = fmt.render(
+        PromptRequest(
+            items=[*request.items, reasoning, _text("assistant", text, "output_text"), _text("user", "More.")],
+            instructions="Be brief.",
+        )
+    )
+    partial = PartialTurn(fmt, request)  # one per run: the head is rendered once, the text encoded each time
+    lengths = []
+    for cut in range(0, len(text) + 1, 3):
+        prefix = partial.prefix([reasoning, _text("assistant", text[:cut], "output_text")])
+        assert prefix and follow_up[: len(prefix)] == prefix, cut
+        assert "A short one" not in enc.decode(prefix)  # the reasoning is dropped as the next turn drops it
+        lengths.append(len(prefix))
+    assert lengths == sorted(lengths) and "12345 dragons lived in" in enc.decode(prefix)
+    assert partial.prefix([]) == [] and partial.prefix([{"type": "reasoning", "summary": []}]) == []

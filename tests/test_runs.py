@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from service.config import Settings
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.protocol import parse_create_request
-from service.runs import RunSupervisor
+from service.runs import WARM_EVERY_TOKENS, RunSupervisor
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT
@@ -159,6 +159,57 @@ async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
     request = next(f.data for f in facts if f.kind == "request")
     tokens = [f.data for f in facts if f.kind == "tokens"]
     assert stream_record.regenerate(rid, request, tokens, logged[-1], CharFormat()) == logged
+
+
+class _WarmRecordingEngine(ScriptedEngine):
+    """Has a prefix cache (to the runs loop); records each next turn handed to it, and whether a sequence was
+    decoding then."""
+
+    prefix_cache = object()
+
+    def __init__(self, script: str, step_delay: float) -> None:
+        super().__init__(script, step_delay)
+        self.warmed: list[tuple[str, bool]] = []
+
+    def warm_prefix(self, tokens: Sequence[int]) -> None:
+        self.warmed.append(("".join(map(chr, tokens)), bool(self.sequences)))
+
+
+async def test_a_continued_conversation_is_warmed_as_it_decodes(harness: Harness) -> None:
+    """A first turn's next turn is warmed once the engine idles; with warm_while_decoding, a continued
+    conversation's also as it decodes (after every runs.WARM_EVERY_TOKENS tokens, its answer so far less the
+    last word), each a prefix of the next turn's prompt; without it, only once idle."""
+    engine = _WarmRecordingEngine(harness.engine.script, step_delay=0.002)
+    harness.supervisor.runtime.engine = engine
+    harness.supervisor.settings.warm_while_decoding = True
+    await harness.supervisor.start()
+    first = await _create(harness, input="hi ")
+
+    async def completed(rid: str) -> bool:
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+    await _wait(lambda: completed(first))
+    await _wait(lambda: _has(engine.warmed, 1))
+    assert engine.warmed == [("hi " + engine.script, False)]  # idle, the whole next turn
+    engine.warmed.clear()
+    second = await _create(harness, input="more ", previous_response_id=first)
+    await _wait(lambda: completed(second))
+    renders = range(WARM_EVERY_TOKENS, len(engine.script), WARM_EVERY_TOKENS)
+    await _wait(lambda: _has(engine.warmed, len(renders) + 1))
+    history = "hi " + engine.script + "more "
+    # After every WARM_EVERY_TOKENS tokens: the answer so far up to its last word, less one token of margin.
+    partial = [(history + engine.script[:n][: engine.script[:n].rindex(" ") - 1], True) for n in renders]
+    assert engine.warmed == [*partial, (history + engine.script, False)]
+    engine.warmed.clear()
+    harness.supervisor.settings.warm_while_decoding = False
+    third = await _create(harness, input="again ", previous_response_id=second)
+    await _wait(lambda: completed(third))
+    await _wait(lambda: _has(engine.warmed, 1))
+    assert engine.warmed == [(history + engine.script + "again " + engine.script, False)]
+
+
+async def _has(items: list[Any], n: int) -> bool:
+    return len(items) >= n
 
 
 async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> None:

@@ -120,12 +120,12 @@ class Engine(Protocol):
         ...
 
     def warm_prefix(self, tokens: Sequence[int]) -> None:
-        """Tokens a sequence will likely start with soon (the next turn of a conversation that just ended):
-        an engine with a prefix cache prefills them while idle (warm_idle); others ignore them."""
+        """Tokens a sequence will likely start with soon (the next turn of a conversation): an engine with a
+        prefix cache prefills them into it (warm); others ignore them."""
         ...
 
-    def warm_idle(self, max_tokens: int) -> bool:
-        """Work the engine may do while no sequence is active (blocking, about `max_tokens` tokens of
-        prefill at most), such as prefilling warm_prefix() prompts into its cache; True while some is
-        left. It never changes what any sequence samples."""
+    def warm(self, max_tokens: int) -> bool:
+        """Work the engine may do beside its sequences (blocking, about `max_tokens` tokens of prefill at most),
+        such as prefilling warm_prefix() prompts into its cache, never while a sequence is prefilling; True
+        while some is left. It never changes what any sequence samples."""
         ...

@@ -69,8 +69,10 @@ _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produ
 _REPLAY_COST = 16
 # Threads computing grammar masks beside the forward pass (each takes a share of the batch).
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
-# Prompts warm_prefix() keeps for an idle engine to prefill (the most recent ones).
+# Prompts warm_prefix() keeps for warm() to prefill (the most recent ones).
 _WARM_QUEUE = 4
+# A prompt to warm that starts with all but this many of the warming sequence's rows retargets it (see warm).
+_RETARGET_SLACK = 8
 
 
 @dataclass
@@ -216,7 +218,7 @@ class OnnxEngine:
         reusable = self._cut_anywhere and prefix_cache_bytes > 0
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
         self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
-        # Prompts expected soon (warm_prefix), prefilled into the prefix cache while the engine idles.
+        # Prompts expected soon (warm_prefix), prefilled into the prefix cache by warm().
         self._to_warm: deque[list[int]] = deque(maxlen=_WARM_QUEUE)
         self._warming: _Sequence | None = None  # the one being prefilled (it holds a KV slot)
 
@@ -306,31 +308,35 @@ class OnnxEngine:
         return list(self._seqs)
 
     def warm_prefix(self, tokens: Sequence[int]) -> None:
-        """Tokens a sequence will likely start with soon: the next turn of a conversation that just ended,
-        as that turn will render it. warm_idle() prefills them into the prefix cache (no-op without one)."""
+        """Tokens a sequence will likely start with soon: the next turn of a conversation, as that turn will
+        render it. warm() prefills them into the prefix cache (no-op without one)."""
         if self.prefix_cache is not None and 2 <= len(tokens) < self.max_context:
             self._to_warm.append([int(t) for t in tokens])
 
-    def warm_idle(self, max_tokens: int) -> bool:
-        """With no sequence active, prefill up to about `max_tokens` of the prompts given to warm_prefix()
-        (the longest cached prefix of each is copied, not recomputed), putting them in the prefix cache.
-        Returns whether any such work is left. A newcomer (add_sequence) ends it: what is prefilled so
-        far is cached, the rest dropped. Only prefill rows are ever cached, so no sampled token changes."""
+    def warm(self, max_tokens: int) -> bool:
+        """Prefill up to about `max_tokens` of the prompts given to warm_prefix() into the prefix cache; returns
+        whether any such work is left. Idle, or beside sequences that are decoding, never while one is
+        prefilling: a newcomer's prompt comes first, and its add_sequence ends the warming (what is prefilled
+        so far is cached, the rest dropped). Warming is prefill runs of its own, and only prefill rows are ever
+        cached, so no sampled token changes.
+
+        One sequence does the warming. A prompt that extends what it holds (the same conversation's next turn,
+        rendered again as its output grew) retargets it: only the new tokens are prefilled, nothing is copied.
+        Another prompt waits until the current one is done, which then goes to the cache (whose longest cached
+        prefix, or a live sequence's prefilled rows, the new one starts from). Done and idle, it is cached too."""
         cache = self.prefix_cache
-        if self._seqs or cache is None:
-            self._end_warming()
+        if cache is None:
             return False
+        if any(not seq.ready for seq in self._seqs.values()):
+            return self._warm_work_left()
         spent = 0
-        while spent < max_tokens and (self._warming is not None or self._to_warm):
+        while spent < max_tokens:
             seq = self._warming
-            if seq is None:
-                ids = self._to_warm.popleft()
-                seq = self._warming = _Sequence(
-                    SamplingParams(max_new_tokens=1), None, [], 0, 0, np.empty(0, np.float32)
-                )
-                seq.pending, seq.prompt_len = ids, len(ids)
-                self._acquire(seq)
-                self._reuse_prefix(seq, ids, count_hit=False)
+            if self._to_warm and (seq is None or seq.ready or self._extends(seq, self._to_warm[0])):
+                self._warm_towards(self._to_warm.popleft())
+                continue
+            if seq is None or seq.ready:
+                break
             n = self._next_run(seq, max_tokens - spent)
             try:
                 self._forward(seq, seq.pending[seq.length : seq.length + n])
@@ -339,10 +345,9 @@ class OnnxEngine:
                 raise EngineError(f"warming the prefix cache: {exc}") from exc
             spent += n
             cache.note_warmed(n)
-            if seq.ready:
-                self._warming = None
-                self._release(seq)
-        return self._warming is not None or bool(self._to_warm)
+        if not self._seqs and not self._warm_work_left():
+            self._end_warming()  # idle with nothing left: cache it, and give the KV pool's pages back
+        return self._warm_work_left()
 
     def pop_failures(self) -> dict[str, EngineError]:
         failed, self._failed = self._failed, {}
@@ -395,15 +400,18 @@ class OnnxEngine:
             n = n - 1 if n > 2 else n + 1
         return n
 
+    def _decoding(self, seq: _Sequence) -> bool:
+        return seq.ready and seq is not self._warming  # done warming, it stays in its slot (see warm)
+
     def _pack_ready(self) -> None:
         """Keep ready sequences in the lowest slots (a decode batch is a run of consecutive slots): swap
-        the first prefilling slot with the last ready one until they are in order."""
+        the first prefilling (or warming) slot with the last ready one until they are in order."""
         slots = self._slots
         low, high = 0, len(slots) - 1
         while True:
-            while low < len(slots) and slots[low].ready:
+            while low < len(slots) and self._decoding(slots[low]):
                 low += 1
-            while high >= 0 and not slots[high].ready:
+            while high >= 0 and not self._decoding(slots[high]):
                 high -= 1
             if low >= high:
                 return
@@ -447,6 +455,64 @@ class OnnxEngine:
         if count_hit:  # a run's reuse (what the metrics report), not warming's
             self.prefix_cache.note_hit(n)
         return n
+
+    def _reuse_live_prefix(self, seq: _Sequence, ids: list[int]) -> None:
+        """Where a sequence still running prefilled more of `ids` than the cache held (a conversation's next turn
+        warmed while its current turn decodes: that turn's prompt is in its slot, not yet in the cache), copy
+        those rows from its slot instead of prefilling them again."""
+        wanted = np.asarray(ids, dtype=np.int64)
+        best, source = seq.length, None
+        for other in self._seqs.values():
+            n = min(other.prefilled, len(ids) - 2)
+            if n <= best or other.slot < 0:
+                continue
+            differ = np.flatnonzero(np.asarray(other.tokens[:n], dtype=np.int64) != wanted[:n])
+            common = int(differ[0]) if len(differ) else n
+            if common > best:
+                best, source = common, other
+        if source is None:
+            return
+        for arr in self._pool.arrays:
+            arr[seq.slot, :, :best] = arr[source.slot, :, :best]
+        seq.length = seq.prefilled = best
+        seq.tokens = list(ids[:best])
+
+    def _warm_work_left(self) -> bool:
+        return bool(self._to_warm) or (self._warming is not None and not self._warming.ready)
+
+    def _rows_kept_for(self, seq: _Sequence, ids: list[int]) -> int:
+        """How many leading rows of the warming sequence the prompt `ids` starts with."""
+        n = min(seq.prefilled, len(ids))
+        differ = np.flatnonzero(np.asarray(seq.tokens[:n], dtype=np.int64) != np.asarray(ids[:n], dtype=np.int64))
+        return int(differ[0]) if len(differ) else n
+
+    def _extends(self, seq: _Sequence, ids: list[int]) -> bool:
+        """Whether `ids` continues what the warming sequence holds (all its rows but a few: an earlier render's
+        guess at its text's end may differ in the last tokens)."""
+        kept = self._rows_kept_for(seq, ids)
+        return kept > 0 and seq.prefilled - kept <= _RETARGET_SLACK
+
+    def _warm_towards(self, ids: list[int]) -> None:
+        """Have the warming sequence prefill `ids`: retargeted where `ids` extends it, else a new one (the old one
+        cached); nothing changes where it holds all of `ids` already (an older render)."""
+        seq = self._warming
+        if seq is not None:
+            kept = self._rows_kept_for(seq, ids)
+            if kept >= len(ids):
+                return
+            if kept > 0 and seq.prefilled - kept <= _RETARGET_SLACK:
+                keep = min(kept, len(ids) - 2)  # as a reuse does: a 1-token run would take the decode kernels
+                seq.length = seq.prefilled = keep  # rows past it are stale, bounded by seqlens and overwritten
+                del seq.tokens[keep:]
+                seq.pending, seq.prompt_len = ids, len(ids)
+                return
+            self._warming = None
+            self._release(seq)  # caches its rows
+        seq = self._warming = _Sequence(SamplingParams(max_new_tokens=1), None, [], 0, 0, np.empty(0, np.float32))
+        seq.pending, seq.prompt_len = ids, len(ids)
+        self._acquire(seq)
+        self._reuse_prefix(seq, ids, count_hit=False)
+        self._reuse_live_prefix(seq, ids)
 
     def _end_warming(self) -> None:
         self._to_warm.clear()

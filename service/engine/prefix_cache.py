@@ -35,7 +35,7 @@ class PrefixCache:
         self._next_key = 0
         self.hits = 0
         self.reused_tokens = 0
-        self.warmed_tokens = 0  # prefilled by an idle engine for a next turn (OnnxEngine.warm_idle)
+        self.warmed_tokens = 0  # prefilled for a next turn before it came (OnnxEngine.warm)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -6,6 +6,7 @@ instead of `if use_harmony` branches everywhere.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -84,6 +85,10 @@ class ChatFormat(Protocol):
         """A fresh grammar for one completion, or None when the format needs none."""
         ...
 
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text (special tokens in it taken as text) as the format tokenizes a message's text."""
+        ...
+
     def count_tokens(self, text: str) -> int: ...
 
     def token_text(self, token_id: int) -> str:
@@ -104,3 +109,66 @@ def next_turn_prefix(chat_format: ChatFormat, request: PromptRequest, outputs: l
     first, second = followed_by("x"), followed_by("y")
     common = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))
     return first[:common]
+
+
+class PartialTurn:
+    """The tokens a conversation's next turn will surely start with while this turn's output still grows (what
+    is warmed as a continued conversation decodes), for one run.
+
+    Rendering a long conversation takes milliseconds, too much to redo every few tokens. Items never
+    interleave and only the last one grows, so the conversation up to where the last item's text begins (the
+    head) is rendered once for each item (the format's own rendering, as next_turn_prefix), and the text so
+    far is encoded alone and appended, less its last word (it may still grow or merge into the next) and one
+    token of margin. A wrong guess (a format that joins the text with what precedes it) costs only warming:
+    the next turn's prompt is matched token for token."""
+
+    def __init__(self, chat_format: ChatFormat, request: PromptRequest) -> None:
+        self.chat_format = chat_format
+        self.request = request
+        self._item_count = 0
+        self._head: list[int] = []
+
+    def prefix(self, outputs: list[ConversationItem]) -> list[int]:
+        text = _text_of(outputs[-1]) if outputs else None
+        if text is None:
+            return []
+        if len(outputs) != self._item_count:
+            self._item_count = len(outputs)
+            self._head = self._text_start(outputs)
+        body = self.chat_format.encode_text(text[: max(text.rfind(" "), text.rfind("\n"), 0)])
+        return self._head + body[:-1]
+
+    def _text_start(self, outputs: list[ConversationItem]) -> list[int]:
+        """The next turn's tokens up to where the last output item's text begins."""
+        message = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "z"}]}
+
+        def with_text(text: str) -> list[int]:
+            items = [*self.request.items, *outputs[:-1], _with_text(outputs[-1], text), message]
+            return self.chat_format.render(replace(self.request, items=items))
+
+        first, second = with_text("x"), with_text("y")
+        return first[: next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))]
+
+
+_TEXT_FIELDS = ("arguments", "input", "code")  # function / custom / code interpreter calls
+
+
+def _text_of(item: ConversationItem) -> str | None:
+    """The item's growing text: a call's arguments (input, code), or its last content part's text."""
+    for key in _TEXT_FIELDS:
+        if isinstance(item.get(key), str):
+            return str(item[key])
+    parts = item.get("content")
+    if isinstance(parts, list) and parts and isinstance(parts[-1], dict) and isinstance(parts[-1].get("text"), str):
+        return str(parts[-1]["text"])
+    return None
+
+
+def _with_text(item: ConversationItem, text: str) -> ConversationItem:
+    item = copy.deepcopy(item)
+    for key in _TEXT_FIELDS:
+        if isinstance(item.get(key), str):
+            item[key] = text
+            return item
+    item["content"][-1]["text"] = text
+    return item

@@ -370,5 +370,8 @@ class ChatTemplateFormat:
     def token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
 
+    def encode_text(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(self.encode_text(text))

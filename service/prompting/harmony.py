@@ -283,5 +283,8 @@ class HarmonyFormat:
     def token_text(self, token_id: int) -> str:
         return str(self.encoding.decode([token_id]))
 
+    def encode_text(self, text: str) -> list[int]:
+        return [int(t) for t in self.encoding.encode(text, disallowed_special=())]
+
     def count_tokens(self, text: str) -> int:
-        return len(self.encoding.encode(text, disallowed_special=()))
+        return len(self.encode_text(text))
