@@ -127,8 +127,9 @@ def bare_engine(model: str, model_dir: Path, texts: list[str], new_tokens: int, 
     chat_format = chat_format_for(model_dir, json.loads((model_dir / "config.json").read_text()))
     prompts = [chat_format.render(_request(text)) for text in texts]
     sample = Sample(model, "engine", len(texts))
-    # Warm-up: ORT allocates and picks kernels on the first runs.
-    engine.add_sequence("warm", prompts[0], SamplingParams(max_new_tokens=2, seed=1))
+    # Warm-up: ORT allocates and picks kernels on the first runs, and the format's first constraint builds its
+    # token tables (the server's warm-up request pays both too).
+    engine.add_sequence("warm", prompts[0], SamplingParams(max_new_tokens=2, seed=1), chat_format.new_constraint())
     while engine.active_sequence_ids():
         engine.step()
     started = time.perf_counter()
