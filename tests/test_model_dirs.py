@@ -88,9 +88,10 @@ def test_quantizing_an_fp32_build_gives_the_int8_build(random_dirs: dict[str, Pa
 
 
 def test_build_random_and_quantized_models_serve_as_they_are(
-    random_dirs: dict[str, Path], database_url: str, server_factory: Callable[..., ServerProcess]
+    random_dirs: dict[str, Path], tmp_path: Path, server_factory: Callable[..., ServerProcess]
 ) -> None:
     texts = {}
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"  # the model is under test, not the store
     for name in ("int8", "quantized", "row", "row-quantized"):
         server = server_factory(database_url, SERVICE_MODEL=str(random_dirs[name])).start()
         client = client_for(server.url)
