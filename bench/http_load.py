@@ -125,6 +125,10 @@ def _request(text: str) -> PromptRequest:
 def bare_engine(model: str, model_dir: Path, texts: list[str], new_tokens: int, threads: int) -> Sample:
     engine = OnnxEngine(model_dir, intra_op_threads=threads)
     chat_format = chat_format_for(model_dir, json.loads((model_dir / "config.json").read_text()))
+    if hasattr(chat_format, "grammar_tokenizer"):
+        # Harmony builds its grammar tokenizer in a background thread that holds the GIL for most of a second
+        # (a server does so at startup): wait for it rather than let it stall a measured step.
+        chat_format.grammar_tokenizer()
     prompts = [chat_format.render(_request(text)) for text in texts]
     sample = Sample(model, "engine", len(texts))
     # Warm-up: ORT allocates and picks kernels on the first runs, and the format's first constraint builds its
