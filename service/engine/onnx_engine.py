@@ -60,7 +60,7 @@ from service.engine.cpu import cpu_features
 from service.engine.info_moe import expert_bits
 from service.engine.layout import GraphLayout, detect_layout
 from service.engine.model_files import find_model_file
-from service.engine.prefix_cache import PrefixCache
+from service.engine.prefix_cache import PrefixCache, common_prefix_length
 from service.engine.sampling import sample
 
 _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produce (full-logits graphs)
@@ -327,7 +327,7 @@ class OnnxEngine:
         cache = self.prefix_cache
         if cache is None:
             return False
-        if any(not seq.ready for seq in self._seqs.values()):
+        if self.prefilling_sequence_ids():
             return self._warm_work_left()
         spent = 0
         while spent < max_tokens:
@@ -448,10 +448,7 @@ class OnnxEngine:
         n = min(common, len(ids) - 2)
         if entry is None or n <= 0:
             return 0
-        for arr, rows in zip(self._pool.arrays, entry.rows, strict=True):
-            arr[seq.slot, :, :n] = rows[:, :n]
-        seq.length = seq.prefilled = n
-        seq.tokens = list(ids[:n])
+        self._take_rows(seq, ids, n, entry.rows)
         if count_hit:  # a run's reuse (what the metrics report), not warming's
             self.prefix_cache.note_hit(n)
         return n
@@ -459,32 +456,31 @@ class OnnxEngine:
     def _reuse_live_prefix(self, seq: _Sequence, ids: list[int]) -> None:
         """Where a sequence still running prefilled more of `ids` than the cache held (a conversation's next turn
         warmed while its current turn decodes: that turn's prompt is in its slot, not yet in the cache), copy
-        those rows from its slot instead of prefilling them again."""
-        wanted = np.asarray(ids, dtype=np.int64)
+        those rows from its slot instead of prefilling them again (leaving 2+ tokens, as _reuse_prefix does)."""
         best, source = seq.length, None
         for other in self._seqs.values():
             n = min(other.prefilled, len(ids) - 2)
-            if n <= best or other.slot < 0:
-                continue
-            differ = np.flatnonzero(np.asarray(other.tokens[:n], dtype=np.int64) != wanted[:n])
-            common = int(differ[0]) if len(differ) else n
-            if common > best:
-                best, source = common, other
-        if source is None:
-            return
-        for arr in self._pool.arrays:
-            arr[seq.slot, :, :best] = arr[source.slot, :, :best]
-        seq.length = seq.prefilled = best
-        seq.tokens = list(ids[:best])
+            if n > best and other.slot >= 0:
+                common = common_prefix_length(other.tokens[:n], ids)
+                if common > best:
+                    best, source = common, other
+        if source is not None:
+            self._take_rows(seq, ids, best, [arr[source.slot] for arr in self._pool.arrays])
+
+    def _take_rows(self, seq: _Sequence, ids: list[int], n: int, rows: list[np.ndarray]) -> None:
+        """Copy the first `n` rows of `rows` (one [kv_heads, tokens, head_dim] array per past tensor) into the
+        sequence's slot: it then holds `ids[:n]`, as if it had prefilled them."""
+        for arr, source in zip(self._pool.arrays, rows, strict=True):
+            arr[seq.slot, :, :n] = source[:, :n]
+        seq.length = seq.prefilled = n
+        seq.tokens = list(ids[:n])
 
     def _warm_work_left(self) -> bool:
         return bool(self._to_warm) or (self._warming is not None and not self._warming.ready)
 
     def _rows_kept_for(self, seq: _Sequence, ids: list[int]) -> int:
         """How many leading rows of the warming sequence the prompt `ids` starts with."""
-        n = min(seq.prefilled, len(ids))
-        differ = np.flatnonzero(np.asarray(seq.tokens[:n], dtype=np.int64) != np.asarray(ids[:n], dtype=np.int64))
-        return int(differ[0]) if len(differ) else n
+        return common_prefix_length(seq.tokens[: seq.prefilled], ids)
 
     def _extends(self, seq: _Sequence, ids: list[int]) -> bool:
         """Whether `ids` continues what the warming sequence holds (all its rows but a few: an earlier render's

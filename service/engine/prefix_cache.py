@@ -27,6 +27,13 @@ class CachedPrefix:
         return sum(row.nbytes for row in self.rows) + self.tokens.nbytes
 
 
+def common_prefix_length(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(differ[0]) if len(differ) else n
+
+
 class PrefixCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -60,9 +67,7 @@ class PrefixCache:
         ids = np.asarray(tokens, dtype=np.int64)
         best, best_key = 0, -1
         for key, entry in self._entries.items():
-            n = min(len(ids), len(entry.tokens))
-            differ = np.flatnonzero(ids[:n] != entry.tokens[:n])
-            common = int(differ[0]) if len(differ) else n
+            common = common_prefix_length(ids, entry.tokens)
             if common > best:
                 best, best_key = common, key
         if best_key < 0:

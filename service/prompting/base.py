@@ -107,8 +107,11 @@ def next_turn_prefix(chat_format: ChatFormat, request: PromptRequest, outputs: l
         return chat_format.render(replace(request, items=[*request.items, *outputs, message]))
 
     first, second = followed_by("x"), followed_by("y")
-    common = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))
-    return first[:common]
+    return first[: _common_prefix_length(first, second)]
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 class PartialTurn:
@@ -147,7 +150,7 @@ class PartialTurn:
             return self.chat_format.render(replace(self.request, items=items))
 
         first, second = with_text("x"), with_text("y")
-        return first[: next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), len(first))]
+        return first[: _common_prefix_length(first, second)]
 
 
 _TEXT_FIELDS = ("arguments", "input", "code")  # function / custom / code interpreter calls
