@@ -159,8 +159,7 @@ class Commands:
     async def _check_run_limits(self, project: str) -> None:
         """429 past the project's runs in flight, 503 past the server's queue bound (see limits.py)."""
         async with self.db.connect() as connection:
-            project_runs = await leases.unfinished_runs(connection, project=project)
-            all_runs = await leases.unfinished_runs(connection)
+            project_runs, all_runs = await leases.unfinished_runs_of(connection, project)
         check_runs(
             project_runs=project_runs,
             project_limit=self.settings.max_runs_per_project,

@@ -59,6 +59,7 @@ class ActiveRun:
     segment: Segment | None = None  # the agent loop's position (service/tool_state.py)
     constraint: LogitsConstraint | None = None  # the current segment's
     partial_turn: PartialTurn | None = None  # renders its next turn as it decodes (a continued conversation)
+    delta_queued: bool = False  # a delta of this incarnation's output has been queued for commit
 
     @property
     def prompt_tokens(self) -> int:

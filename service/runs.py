@@ -137,6 +137,9 @@ class RunSupervisor:
         self._backlog: dict[str, RunWrite] = {}
         self._backlog_steps = 0
         self._last_commit_started = 0.0  # time.monotonic() of the latest group commit's start
+        # A run's first delta is in the backlog: commit it without waiting out the interval, which only
+        # folds later deltas into one event and must not add to the time to first token.
+        self._first_delta_queued = False
         # The engine is not thread-safe; one worker thread runs every engine call in order.
         self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         # Engine steps submitted ahead of the loop, with their index; a run that left the engine when
@@ -253,10 +256,15 @@ class RunSupervisor:
             if not wait and not self._inflight.done():
                 return
             await self._settle_inflight()
-        if not wait and time.monotonic() < self._last_commit_started + self.settings.commit_interval_seconds:
+        if (
+            not wait
+            and not self._first_delta_queued
+            and time.monotonic() < self._last_commit_started + self.settings.commit_interval_seconds
+        ):
             return  # the next step's call starts it, with that step's tokens in the same group
         if self._backlog:
             self._last_commit_started = time.monotonic()
+            self._first_delta_queued = False
             writes, self._backlog, self._backlog_steps = list(self._backlog.values()), {}, 0
             self._inflight = asyncio.ensure_future(self._commit(writes))
         if wait and self._inflight is not None:
@@ -535,6 +543,8 @@ class RunSupervisor:
             run.finish(write, "failed", {"code": "malformed_output", "message": str(exc)})
             return write
         new_events = run.builder.feed(chunks, logprobs=logprobs)
+        if not run.delta_queued and any(e["type"].endswith(".delta") for e in new_events):
+            run.delta_queued = self._first_delta_queued = True
         if group is not None:
             run.record_joined(group, token_fact, new_events)
         else:

@@ -59,3 +59,19 @@ async def test_expired_leases_are_claimed_again_and_the_fence_knows_its_owner(db
         assert await leases.fence(connection, "worker-b", ids, lease_seconds=10) == {ids[0]: True}
         await leases.mark_done(connection, ids[0])
         assert await leases.fence(connection, "worker-b", ids, lease_seconds=10) == {}
+
+
+async def test_unfinished_runs_are_counted_per_project_and_in_all_in_one_statement(db: AsyncEngine) -> None:
+    async with db.connect() as connection:
+        assert await leases.unfinished_runs_of(connection, "proj_a") == (0, 0)
+    async with db.begin() as connection:
+        for n, project in enumerate(["proj_a", "proj_a", "proj_b", "proj_a"]):
+            await leases.enqueue(
+                connection, f"resp_{n}", background=True, owner=None, lease_seconds=10, project=project
+            )
+        await leases.mark_done(connection, "resp_3")  # finished runs do not count
+    async with db.connect() as connection:
+        assert await leases.unfinished_runs_of(connection, "proj_a") == (2, 3)
+        assert await leases.unfinished_runs_of(connection, "proj_b") == (1, 3)
+        assert await leases.unfinished_runs_of(connection, "proj_c") == (0, 3)
+        assert await leases.unfinished_runs(connection, project="proj_a") == 2

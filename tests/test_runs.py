@@ -161,6 +161,41 @@ async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
     assert stream_record.regenerate(rid, request, tokens, logged[-1], CharFormat()) == logged
 
 
+async def test_a_runs_first_delta_is_committed_without_waiting_out_the_interval(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit interval folds a fast run's later deltas into fewer events; its first delta goes with the
+    next commit at once, alone (the time to first token never waits for the interval)."""
+    harness.engine.step_delay = 0.02
+    monkeypatch.setattr(harness.supervisor.settings, "commit_interval_seconds", 0.5)
+    commits: list[list[dict[str, Any]]] = []
+    original = recorder.commit_step
+
+    async def recording(db: Any, owner: str, writes: Any, **kwargs: Any) -> Any:
+        commits.append([e for w in writes for e in w.events])
+        return await original(db, owner, writes, **kwargs)
+
+    monkeypatch.setattr(recorder, "commit_step", recording)
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def done() -> bool:
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+    await _wait(done)
+    deltas = [[e["delta"] for e in events if e["type"] == "response.output_text.delta"] for events in commits]
+    first = next(n for n, found in enumerate(deltas) if found)
+    assert first > 0, "the run's start (created, in_progress) was committed before its first token"
+    # One engine step's token: committed before the next step's joined it (the interval would have let
+    # several more steps' tokens fold into it).
+    assert deltas[first] == [harness.engine.script[0]], deltas
+    # Later steps wait for the interval, or for MAX_BACKLOG_STEPS of them, and their deltas are folded.
+    later = [delta for found in deltas[first + 1 :] for delta in found]
+    assert len(later) * 2 < len(harness.engine.script) - 1, later
+    final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
+    assert final["output"][0]["content"][0]["text"] == harness.engine.script
+
+
 class _WarmRecordingEngine(ScriptedEngine):
     """Has a prefix cache (to the runs loop); records each next turn handed to it, and whether a sequence was
     decoding then."""

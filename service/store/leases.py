@@ -147,5 +147,15 @@ async def unfinished_runs(connection: AsyncConnection, *, project: str | None = 
     return int(await connection.scalar(query) or 0)
 
 
+async def unfinished_runs_of(connection: AsyncConnection, project: str) -> tuple[int, int]:
+    """(the project's, every project's) runs queued or generating, in one statement (a request's
+    admission check: one round trip, not two)."""
+    query = sa.select(
+        sa.func.count(), sa.func.coalesce(sa.func.sum(sa.case((runs.c.project == project, 1), else_=0)), 0)
+    ).where(runs.c.done.is_(False))
+    row = (await connection.execute(query)).one()
+    return int(row[1]), int(row[0])
+
+
 async def delete_run(connection: AsyncConnection, response_id: str) -> None:
     await connection.execute(sa.delete(runs).where(runs.c.response_id == response_id))
