@@ -616,7 +616,11 @@ class RunSupervisor:
 
     def _warm_beside(self, max_tokens: int) -> bool:
         """In the engine thread, after a step with runs active: the continued conversations' warming (others'
-        waits for an idle engine); True while work is left. A failure drops the warming, never the step."""
+        waits for an idle engine); True while work is left. A failure drops the warming, never the step.
+        The warming sequence takes a KV slot of its own, so it waits while the active runs fill the admission
+        budget (a newcomer's add_sequence ends it, so it never holds a slot a run was admitted to)."""
+        if len(self.runtime.engine.active_sequence_ids()) >= self.max_active:
+            return True
         self._render_queued(self._warm_now)
         try:
             return self.runtime.engine.warm(max_tokens)

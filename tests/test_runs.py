@@ -243,6 +243,31 @@ async def test_a_continued_conversation_is_warmed_as_it_decodes(harness: Harness
     assert engine.warmed == [(history + engine.script + "again " + engine.script, False)]
 
 
+async def test_warming_beside_decoding_waits_while_the_active_runs_fill_the_budget(harness: Harness) -> None:
+    """The warming sequence would take one KV slot more than admission allows: with the budget full, a
+    continued conversation is warmed only once a slot is free (here: when its own run ends)."""
+    engine = _WarmRecordingEngine(harness.engine.script, step_delay=0.002)
+    harness.supervisor.runtime.engine = engine
+    harness.supervisor.settings.warm_while_decoding = True
+    harness.supervisor.max_active = 1
+    await harness.supervisor.start()
+
+    async def completed(rid: str) -> bool:
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+    first = await _create(harness, input="hi ")
+    await _wait(lambda: completed(first))
+    await _wait(lambda: _has(engine.warmed, 1))
+    engine.warmed.clear()
+    second = await _create(harness, input="more ", previous_response_id=first)
+    await _wait(lambda: completed(second))
+    await _wait(lambda: _has(engine.warmed, 1))
+    await asyncio.sleep(0.1)
+    # Only the newest render queued while the budget was full, handed over once the run had left the engine.
+    assert [decoding for _, decoding in engine.warmed] == [False] * len(engine.warmed)
+    assert engine.warmed[-1] == ("hi " + engine.script + "more " + engine.script, False)
+
+
 async def _has(items: list[Any], n: int) -> bool:
     return len(items) >= n
 
