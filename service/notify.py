@@ -44,6 +44,7 @@ class Notifier:
         self._dsn = ""
         self._closed = False
         self._reconnecting: asyncio.Task[None] | None = None
+        self._own_pid: int | None = None  # the listening session's backend process (see _listen)
 
     def publish_local(
         self, response_ids: Iterable[str], committed: Mapping[str, Sequence[StoredEvent]] | None = None
@@ -109,6 +110,9 @@ class Notifier:
         except Exception:  # noqa: BLE001 - polling still works without it
             return False
         self._pg_connection = connection
+        # PostgreSQL hands a session the notifications it sent itself: those are this process's own
+        # commits, whose waiters publish() has already handed the events.
+        self._own_pid = connection.get_server_pid()
         return True
 
     def _on_pg_terminated(self, _connection: Any) -> None:
@@ -131,7 +135,9 @@ class Notifier:
                 self.wake_all()
                 return
 
-    def _on_pg_notify(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _on_pg_notify(self, _connection: Any, pid: int, _channel: str, payload: str) -> None:
+        if pid == self._own_pid:
+            return  # our own publish(): a bare wake-up now would send every tail to read the log again
         self.publish_local(payload.split(","))
 
     async def close(self) -> None:
