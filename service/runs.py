@@ -164,6 +164,7 @@ class RunSupervisor:
         self._commit_waiters: dict[int, list[asyncio.Future[bool]]] = {}  # id(RunWrite) -> waiters
         self._chunks = TokenChunks()  # each run's last token chunk: extended without reading it back
         self._admission_failing = False  # the last claim met a store outage (logged once, not per retry)
+        self._admitting: set[str] = set()  # runs the admission under way has claimed (see stop)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -184,7 +185,10 @@ class RunSupervisor:
         self._stopping = True
         self._wake.set()
         in_tool_calls = list(self._tool_runs)  # handed back too: whoever claims them retries the call
-        owned = [*self.active, *in_tool_calls]  # a commit given up below drops its runs from `active`
+        # A commit given up below drops its runs from `active`; runs claimed by an admission that stopping cuts
+        # short are ours too, active or not yet.
+        admitting = [rid for rid in self._admitting if rid not in self.active]
+        owned = [*self.active, *in_tool_calls, *admitting]
         for task in [*self._tasks, *self._tool_tasks]:
             task.cancel()
         for task in [*self._tasks, *self._tool_tasks]:
@@ -198,7 +202,7 @@ class RunSupervisor:
         if owned:
             with contextlib.suppress(Exception):
                 await recorder.release(self.db, self.owner, owned)
-        for response_id in list(self.active):
+        for response_id in [*self.active, *admitting]:
             with contextlib.suppress(Exception):
                 await self._in_engine(self.runtime.engine.remove_sequence, response_id)
         self.active.clear()
@@ -306,30 +310,52 @@ class RunSupervisor:
                 claimed += await leases.claim(connection, self.owner, lease_seconds=lease, limit=room)
             return claimed
 
-        for run in await write_transaction(self.db, claim):
+        # Each run goes into the engine as soon as it is rebuilt, without waiting for its add: an add waits for
+        # the engine thread's next step, so one by one a burst of N newcomers would wait N steps before the
+        # last one's prefill could start.
+        adding: list[tuple[ActiveRun, asyncio.Future[None]]] = []
+        claims = await write_transaction(self.db, claim)
+        self._admitting = {c.response_id for c in claims}  # owned, not yet active: stop() releases them too
+        logs = await self._read_logs([c.response_id for c in claims]) if claims else {}
+        for claimed in claims:
             try:
-                await self._resume(run)
+                run = await self._resume(claimed, *logs[claimed.response_id])
             except Exception as exc:
-                log.exception("could not start run %s", run.response_id)
-                await self._fail_unstarted(run.response_id, f"The run could not be started: {exc}")
+                log.exception("could not start run %s", claimed.response_id)
+                await self._fail_unstarted(claimed.response_id, f"The run could not be started: {exc}")
+                continue
+            if run is not None:
+                adding += await self._start_adds([run], self._commit_alone)
+        failed = await self._finish_adds(adding, self._commit_alone)
+        self._admitting = set()
+        for run, error in failed:
+            log.error("could not start run %s", run.response_id, exc_info=error)
+            await self._fail_unstarted(run.response_id, f"The run could not be started: {error}")
         await self._drain(wait=False)  # the started runs' first events: one commit for all, beside the next step
 
     async def _read_log(self, response_id: str) -> tuple[list[event_log.StoredFact], list[dict[str, Any]]]:
-        async with self.db.connect() as connection:
-            facts = await event_log.read_facts(connection, response_id)
-            logged = [e.payload() for e in await event_log.read_events(connection, response_id)]
-        return facts, logged
+        return (await self._read_logs([response_id]))[response_id]
 
-    async def _resume(self, claimed: ClaimedRun) -> None:
+    async def _read_logs(
+        self, response_ids: list[str]
+    ) -> dict[str, tuple[list[event_log.StoredFact], list[dict[str, Any]]]]:
+        async with self.db.connect() as connection:
+            logs = await event_log.read_logs(connection, response_ids)
+        return {rid: (facts, [e.payload() for e in stored]) for rid, (facts, stored) in logs.items()}
+
+    async def _resume(
+        self, claimed: ClaimedRun, facts: list[event_log.StoredFact], logged: list[dict[str, Any]]
+    ) -> ActiveRun | None:
+        """Rebuild a claimed run from its log (read after the claim); returns it when it goes into the engine
+        (the caller puts it there), None when it ended here or waits for a tool call."""
         rid = claimed.response_id
         if rid in self.active or rid in self._tool_runs:
-            return  # ours already: its lease lapsed while the store was away, and the claim renewed it
+            return None  # ours already: its lease lapsed while the store was away, and the claim renewed it
         if claimed.claims > 1:
             metrics.LEASE_TAKEOVERS.inc()
-        facts, logged = await self._read_log(rid)
         request_facts = [f.data for f in facts if f.kind == "request"]
         if not request_facts or not logged:
-            return  # deleted meanwhile
+            return None  # deleted meanwhile
         fact = request_facts[0]
         token_facts = [f.data for f in facts if f.kind == "tokens"]
         cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
@@ -350,23 +376,67 @@ class RunSupervisor:
         if cancelled or (not claimed.background and claimed.claims > 1):
             # A foreground run whose worker died lost its client with it: record it as cancelled.
             await self._commit_alone(run, "cancelled")
-            return
+            return None
         if run.pending:
             write = run.write()
             run.record(write, [])
             self._enqueue([write])  # committed with the other claimed runs' first events (see _admit)
         if run.builder.pending_call is not None:  # its call has no logged result yet: (re)run it
             self._start_tool_call(run)
-            return
-        await self._into_engine(run, self._commit_alone)
+            return None
+        return run
 
     async def _into_engine(self, run: ActiveRun, end: Callable[..., Awaitable[None]]) -> None:
         """Put a run (back) into the engine at its current segment (service/tool_state.py); `end` ends it
         (from the run loop, `_commit_alone`; from a tool call's task, `_end_queued`)."""
-        rid, fact, segment = run.response_id, run.fact, run.segment
+        for _, exc in await self._finish_adds(await self._start_adds([run], end), end):
+            raise exc
+
+    async def _start_adds(
+        self, runs: list[ActiveRun], end: Callable[..., Awaitable[None]]
+    ) -> list[tuple[ActiveRun, asyncio.Future[None]]]:
+        """Start putting runs into the engine (see _finish_adds); a run with no token left to generate is
+        ended here."""
+        adding: list[tuple[ActiveRun, asyncio.Future[None]]] = []
+        for run in runs:
+            params = self._sampling_params(run)
+            assert run.segment is not None
+            if params.max_new_tokens <= len(run.segment.tokens):
+                await end(run, "length")
+                continue
+            # Quick: the engine only validates and registers it; its prefill happens in the next steps,
+            # between decode runs (the first token's wait, prefill included, is timed from here).
+            add = self._add_to_engine(run.response_id, run.segment.prompt, params, run.constraint, run.segment.tokens)
+            adding.append((run, asyncio.ensure_future(add)))
+        return adding
+
+    async def _finish_adds(
+        self, adding: list[tuple[ActiveRun, asyncio.Future[None]]], end: Callable[..., Awaitable[None]]
+    ) -> list[tuple[ActiveRun, Exception]]:
+        """Wait for the adds _start_adds began: the added runs become active, an EngineError is recorded as its
+        run's failure (by `end`); returns the runs whose add raised anything else."""
+        outcomes = await asyncio.gather(*(add for _, add in adding), return_exceptions=True)
+        failed: list[tuple[ActiveRun, Exception]] = []
+        for (run, _), outcome in zip(adding, outcomes, strict=True):
+            if isinstance(outcome, EngineError):
+                assert run.segment is not None
+                too_long = len(run.segment.prompt) + len(run.segment.tokens) >= self.runtime.engine.max_context
+                code = "context_length_exceeded" if too_long else "model_error"
+                await end(run, "failed", {"code": code, "message": str(outcome)})
+            elif isinstance(outcome, Exception):
+                failed.append((run, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome  # cancelled (shutdown)
+            else:
+                self.active[run.response_id] = run
+                self.clock.started(run.response_id)
+        return failed
+
+    def _sampling_params(self, run: ActiveRun) -> SamplingParams:
+        fact, segment = run.fact, run.segment
         assert segment is not None
         sampling = fact["sampling"]
-        params = SamplingParams(
+        return SamplingParams(
             # The engine counts the replayed tokens too; earlier segments' tokens count against the cap.
             max_new_tokens=sampling["max_new_tokens"] - segment.generated_before,
             temperature=sampling["temperature"],
@@ -377,20 +447,6 @@ class RunSupervisor:
             presence_penalty=sampling.get("presence_penalty", 0.0),
             stop_token_ids=self.runtime.chat_format.stop_token_ids(),
         )
-        if params.max_new_tokens <= len(segment.tokens):
-            await end(run, "length")
-            return
-        try:
-            # Quick: the engine only validates and registers it; its prefill happens in the next steps,
-            # between decode runs (the first token's wait, prefill included, is timed from here).
-            await self._add_to_engine(rid, segment.prompt, params, run.constraint, segment.tokens)
-        except EngineError as exc:
-            too_long = len(segment.prompt) + len(segment.tokens) >= self.runtime.engine.max_context
-            code = "context_length_exceeded" if too_long else "model_error"
-            await end(run, "failed", {"code": code, "message": str(exc)})
-            return
-        self.active[rid] = run
-        self.clock.started(rid)
 
     # -- the agent loop (service/tool_steps.py) -------------------------------------------------
     def _start_tool_call(self, run: ActiveRun) -> None:

@@ -136,6 +136,29 @@ async def test_facts_are_kept_per_response_in_order(db: AsyncEngine) -> None:
     assert [(f.kind, f.data) for f in facts] == [("request", {"x": 1}), ("tokens", {"ids": [5, 6]})]
 
 
+async def test_several_responses_logs_are_read_together_as_each_alone(db: AsyncEngine) -> None:
+    """read_logs (runs claimed together): per response, the facts and events read_facts and read_events give."""
+    await _append(db, "resp_a", _events(0, 2))
+    await _append(db, "resp_b", _events(0, 3))
+    await _append(db, "resp_a", _events(2, 2))
+    async with db.begin() as connection:
+        await event_log.append_fact(connection, "resp_b", "request", {"b": 1})
+        await event_log.append_fact(connection, "resp_a", "request", {"a": 1})
+        await event_log.append_facts(connection, [("resp_a", "tokens", {"ids": [1, 2]}), ("resp_b", "cancel", {})])
+    async with db.connect() as connection:
+        together = await event_log.read_logs(connection, ["resp_b", "resp_a", "resp_none"])
+        alone = {
+            rid: (await event_log.read_facts(connection, rid), await event_log.read_events(connection, rid))
+            for rid in ["resp_a", "resp_b", "resp_none"]
+        }
+    assert together == alone
+    assert [e.sequence_number for e in together["resp_a"][1]] == [0, 1, 2, 3]
+    assert [f.kind for f in together["resp_b"][0]] == ["request", "cancel"]
+    assert together["resp_none"] == ([], [])
+    async with db.connect() as connection:
+        assert await event_log.read_logs(connection, []) == {}
+
+
 async def test_token_chunks_roll_over_and_keep_their_order(db: AsyncEngine) -> None:
     steps = 2 * token_facts.CHUNK_CHARS // 6  # ~6 characters per id: about two chunks' worth
     for step in range(steps):

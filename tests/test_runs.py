@@ -272,6 +272,35 @@ async def _has(items: list[Any], n: int) -> bool:
     return len(items) >= n
 
 
+class _SlowAddEngine(ScriptedEngine):
+    def add_sequence(self, seq_id: str, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.5)
+        super().add_sequence(seq_id, *args, **kwargs)
+
+
+async def test_a_run_claimed_by_an_admission_cut_short_by_stop_is_handed_back(harness: Harness) -> None:
+    """stop() hands back the runs the admission under way has claimed but not yet made active: otherwise
+    no worker could claim them until their lease expired."""
+    harness.supervisor.runtime.engine = _SlowAddEngine(harness.engine.script, step_delay=0.01)
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def claimed() -> bool:
+        rows = await _run_rows(harness)
+        return rows[rid][0] == "worker-a"
+
+    await _wait(claimed)
+    assert rid not in harness.supervisor.active  # its add is still in the engine thread
+    await harness.supervisor.stop()
+    assert (await _run_rows(harness))[rid] == (None, None)
+
+
+async def _run_rows(harness: Harness) -> dict[str, tuple[Any, Any]]:
+    async with harness.db.connect() as connection:
+        rows = await connection.execute(sa.text("SELECT response_id, owner, lease_expires_at FROM runs"))
+        return {r: (owner, expires) for r, owner, expires in rows}
+
+
 async def test_a_worker_that_lost_its_lease_stops_writing(harness: Harness) -> None:
     rid = await _start_one_slow_run(harness)
     async with harness.db.begin() as connection:  # another replica claims the run

@@ -193,6 +193,31 @@ async def read_facts(connection: AsyncConnection, response_id: str) -> list[Stor
     return [StoredFact(p, r, k, json.loads(d)) for p, r, k, d in await connection.execute(query)]
 
 
+async def read_logs(
+    connection: AsyncConnection, response_ids: Sequence[str]
+) -> dict[str, tuple[list[StoredFact], list[StoredEvent]]]:
+    """read_facts and read_events of several responses, in two statements (runs claimed together)."""
+    logs: dict[str, tuple[list[StoredFact], list[StoredEvent]]] = {rid: ([], []) for rid in response_ids}
+    if not logs:
+        return logs
+    ids = list(logs)
+    fact_rows = await connection.execute(
+        sa.select(run_facts.c.position, run_facts.c.response_id, run_facts.c.kind, run_facts.c.data)
+        .where(run_facts.c.response_id.in_(ids))
+        .order_by(run_facts.c.position)
+    )
+    for position, rid, kind, data in fact_rows:
+        logs[rid][0].append(StoredFact(position, rid, kind, json.loads(data)))
+    event_rows = await connection.execute(
+        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        .where(events.c.response_id.in_(ids))
+        .order_by(events.c.response_id, events.c.sequence_number)
+    )
+    for row in event_rows:
+        logs[row[1]][1].append(_stored(*row))
+    return logs
+
+
 async def last_sequence_number(connection: AsyncConnection, response_id: str) -> int:
     """-1 when the response has no events."""
     value = await connection.scalar(
