@@ -66,21 +66,25 @@ async def claim(
         query = query.where(runs.c.cancel_requested.is_(True))
     if connection.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
-    rows = list(await connection.execute(query))
-    claimed = []
-    for response_id, background, cancel_requested, claims in rows:
-        result = await connection.execute(
-            sa.update(runs)
-            .where(
-                runs.c.response_id == response_id,
-                runs.c.done.is_(False),
-                sa.or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now),
-            )
-            .values(owner=owner, lease_expires_at=now + lease_seconds, claims=runs.c.claims + 1)
+    order = [row[0] for row in await connection.execute(query)]
+    if not order:
+        return []
+    # One guarded UPDATE for all of them (a burst's claim was one statement per run); a run another claimer
+    # took meanwhile (SQLite: none can, the writer holds the lock) fails the guard and is not returned.
+    taken = await connection.execute(
+        sa.update(runs)
+        .where(
+            runs.c.response_id.in_(order),
+            runs.c.done.is_(False),
+            sa.or_(runs.c.owner.is_(None), runs.c.lease_expires_at < now),
         )
-        if result.rowcount == 1:
-            claimed.append(ClaimedRun(response_id, bool(background), bool(cancel_requested), int(claims) + 1))
-    return claimed
+        .values(owner=owner, lease_expires_at=now + lease_seconds, claims=runs.c.claims + 1)
+        .returning(runs.c.response_id, runs.c.background, runs.c.cancel_requested, runs.c.claims)
+    )
+    by_id = {
+        rid: ClaimedRun(rid, bool(background), bool(cancel), int(claims)) for rid, background, cancel, claims in taken
+    }
+    return [by_id[rid] for rid in order if rid in by_id]  # oldest first, as selected
 
 
 async def fence(
