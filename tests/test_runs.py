@@ -60,6 +60,18 @@ async def _create(harness: Harness, **body: Any) -> str:
     return created.response_id
 
 
+async def _run_to_completion(harness: Harness) -> str:
+    """Start the supervisor with one new run and wait until it has completed."""
+    rid = await _create(harness)
+    await harness.supervisor.start()
+
+    async def done() -> bool:
+        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
+
+    await _wait(done)
+    return rid
+
+
 async def _wait(predicate: Any, timeout: float = 20) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await predicate():
@@ -125,13 +137,7 @@ async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
         return await original(db, owner, writes, **kwargs)
 
     monkeypatch.setattr(recorder, "commit_step", timing)
-    rid = await _create(harness)
-    await harness.supervisor.start()
-
-    async def done() -> bool:
-        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
-
-    await _wait(done)
+    rid = await _run_to_completion(harness)
     final = await harness.commands.get(rid, project=DEFAULT_PROJECT)
     assert final["output"][0]["content"][0]["text"] == harness.engine.script
     steps = len(harness.engine.script) + 1
@@ -176,13 +182,7 @@ async def test_a_runs_first_delta_is_committed_without_waiting_out_the_interval(
         return await original(db, owner, writes, **kwargs)
 
     monkeypatch.setattr(recorder, "commit_step", recording)
-    rid = await _create(harness)
-    await harness.supervisor.start()
-
-    async def done() -> bool:
-        return (await harness.commands.get(rid, project=DEFAULT_PROJECT))["status"] == "completed"
-
-    await _wait(done)
+    rid = await _run_to_completion(harness)
     deltas = [[e["delta"] for e in events if e["type"] == "response.output_text.delta"] for events in commits]
     first = next(n for n, found in enumerate(deltas) if found)
     assert first > 0, "the run's start (created, in_progress) was committed before its first token"
