@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from service.engine.base import LogitsConstraint
+from service.engine.prefix_cache import common_prefix_length
 
 OutputKind = Literal["reasoning", "message", "function_call"]
 
@@ -107,11 +108,7 @@ def next_turn_prefix(chat_format: ChatFormat, request: PromptRequest, outputs: l
         return chat_format.render(replace(request, items=[*request.items, *outputs, message]))
 
     first, second = followed_by("x"), followed_by("y")
-    return first[: _common_prefix_length(first, second)]
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return first[: common_prefix_length(first, second)]
 
 
 class PartialTurn:
@@ -150,7 +147,7 @@ class PartialTurn:
             return self.chat_format.render(replace(self.request, items=items))
 
         first, second = with_text("x"), with_text("y")
-        return first[: _common_prefix_length(first, second)]
+        return first[: common_prefix_length(first, second)]
 
 
 _TEXT_FIELDS = ("arguments", "input", "code")  # function / custom / code interpreter calls

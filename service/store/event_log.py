@@ -142,12 +142,17 @@ async def append_facts(
     await token_facts.append_token_groups(connection, tokens, now, chunks)
 
 
+# The columns readers select: a row of each is what _stored / _fact turn into what readers see.
+_EVENT_ROW = (events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+_FACT_ROW = (run_facts.c.position, run_facts.c.response_id, run_facts.c.kind, run_facts.c.data)
+
+
 async def read_events(
     connection: AsyncConnection, response_id: str, *, after: int = -1, after_position: int = 0, limit: int | None = None
 ) -> list[StoredEvent]:
     """Events of one response with sequence_number > after (and log position > after_position), in order."""
     query = (
-        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        sa.select(*_EVENT_ROW)
         .where(
             events.c.response_id == response_id,
             events.c.sequence_number > after,
@@ -175,22 +180,17 @@ async def read_all_events(
     connection: AsyncConnection, *, after_position: int = 0, limit: int = 1000
 ) -> list[StoredEvent]:
     """The whole log in position order (catch-up runners, rebuilds)."""
-    query = (
-        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
-        .where(events.c.position > after_position)
-        .order_by(events.c.position)
-        .limit(limit)
-    )
+    query = sa.select(*_EVENT_ROW).where(events.c.position > after_position).order_by(events.c.position).limit(limit)
     return [_stored(*row) for row in await connection.execute(query)]
 
 
 async def read_facts(connection: AsyncConnection, response_id: str) -> list[StoredFact]:
-    query = (
-        sa.select(run_facts.c.position, run_facts.c.response_id, run_facts.c.kind, run_facts.c.data)
-        .where(run_facts.c.response_id == response_id)
-        .order_by(run_facts.c.position)
-    )
-    return [StoredFact(p, r, k, json.loads(d)) for p, r, k, d in await connection.execute(query)]
+    query = sa.select(*_FACT_ROW).where(run_facts.c.response_id == response_id).order_by(run_facts.c.position)
+    return [_fact(*row) for row in await connection.execute(query)]
+
+
+def _fact(position: int, response_id: str, kind: str, data: str) -> StoredFact:
+    return StoredFact(position, response_id, kind, json.loads(data))
 
 
 async def read_logs(
@@ -202,14 +202,12 @@ async def read_logs(
         return logs
     ids = list(logs)
     fact_rows = await connection.execute(
-        sa.select(run_facts.c.position, run_facts.c.response_id, run_facts.c.kind, run_facts.c.data)
-        .where(run_facts.c.response_id.in_(ids))
-        .order_by(run_facts.c.position)
+        sa.select(*_FACT_ROW).where(run_facts.c.response_id.in_(ids)).order_by(run_facts.c.position)
     )
-    for position, rid, kind, data in fact_rows:
-        logs[rid][0].append(StoredFact(position, rid, kind, json.loads(data)))
+    for fact_row in fact_rows:
+        logs[fact_row[1]][0].append(_fact(*fact_row))
     event_rows = await connection.execute(
-        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        sa.select(*_EVENT_ROW)
         .where(events.c.response_id.in_(ids))
         .order_by(events.c.response_id, events.c.sequence_number)
     )
@@ -228,7 +226,7 @@ async def last_sequence_number(connection: AsyncConnection, response_id: str) ->
 
 async def last_event(connection: AsyncConnection, response_id: str) -> StoredEvent | None:
     query = (
-        sa.select(events.c.position, events.c.response_id, events.c.sequence_number, events.c.type, events.c.data)
+        sa.select(*_EVENT_ROW)
         .where(events.c.response_id == response_id)
         .order_by(events.c.sequence_number.desc())
         .limit(1)

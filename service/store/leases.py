@@ -143,11 +143,10 @@ async def get_run(connection: AsyncConnection, response_id: str, *, project: str
     return row
 
 
-async def unfinished_runs(connection: AsyncConnection, *, project: str | None = None) -> int:
-    """Runs queued or generating, of one project (None: of every project). Counted in the
-    database, so the figure holds across replicas."""
-    ownership = sa.true() if project is None else runs.c.project == project
-    query = sa.select(sa.func.count()).select_from(runs).where(runs.c.done.is_(False), ownership)
+async def unfinished_runs(connection: AsyncConnection) -> int:
+    """Runs queued or generating, of every project. Counted in the database, so the figure holds across
+    replicas."""
+    query = sa.select(sa.func.count()).select_from(runs).where(runs.c.done.is_(False))
     return int(await connection.scalar(query) or 0)
 
 
