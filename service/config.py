@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from service.engine.prefill_pacer import DEFAULT_STALL_RATIO
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./service.db"
 
 
@@ -34,6 +36,10 @@ class Settings(BaseModel):
     # Prompt tokens one engine step prefills (for runs just admitted) before it decodes the running ones:
     # bounds how long a newcomer's prompt holds up every running stream's next token.
     prefill_chunk_tokens: int = Field(default=256, ge=2)
+    # While other runs decode, a step's prefill also takes at most about this many decode steps' time (measured
+    # as it runs), so a running stream's longest token gap stays near (1 + this) times its usual one; a
+    # newcomer then takes a few more steps to its first token. 0 = the token budget alone.
+    prefill_stall_ratio: float = Field(default=DEFAULT_STALL_RATIO, ge=0)
     # A step's group commit starts no sooner than this after the previous one started. With a fast model
     # (a few milliseconds a step) committing every step alone costs the event loop and the writer CPU the
     # engine's threads then lack; steps committed together also have their deltas folded (one event per

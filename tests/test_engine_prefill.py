@@ -1,6 +1,7 @@
 """Chunked prefill inside step(): prompts are prefilled in bounded chunks between decode runs, and not a
 sampled token or logprob changes (vs one chunk, vs a sequence alone); running sequences keep getting a
-token every step while a long prompt arrives; removal and failure during a prefill."""
+token every step while a long prompt arrives, in parts paced by time while they decode; removal and failure
+during a prefill."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from service.engine.base import EngineError, SamplingParams, TokenOutput
 from service.engine.onnx_engine import OnnxEngine
+from service.engine.prefill_pacer import PrefillPacer
 from tests.engine_fixtures import SMALL, contrib_int8_dir, greedy, prompt, small_int8_dir
 
 __all__ = ["contrib_int8_dir", "small_int8_dir"]
@@ -182,3 +184,75 @@ def test_a_prefilling_sequence_moved_between_decoding_ones_keeps_batches_exact(c
     for seq_id, outs in _outputs(engine).items():
         got.setdefault(seq_id, []).extend(outs)
     assert got == {seq_id: _alone(contrib_int8_dir, ids, params) for seq_id, (ids, params) in specs.items()}
+
+
+class _FrozenPacer(PrefillPacer):
+    """A pacer whose measures are given, not taken (so the test does not depend on this machine's speed)."""
+
+    def __init__(self, ratio: float, decode_seconds: float, prefill_seconds_per_token: float) -> None:
+        super().__init__(ratio, floor=4)
+        self.decode_seconds, self.prefill_seconds_per_token = decode_seconds, prefill_seconds_per_token
+
+    def observe_decode(self, seconds: float) -> None:
+        pass
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def test_the_pacer_bounds_a_steps_prefill_by_decode_steps_only_while_others_decode() -> None:
+    pacer = PrefillPacer(2.0, floor=32)
+    assert pacer.budget(256, decoding=True) == 256  # nothing measured yet
+    pacer.observe_decode(0.100)
+    pacer.observe_prefill(1, 5.0)  # a replayed token says nothing of a prompt token's cost
+    assert pacer.budget(256, decoding=True) == 256
+    pacer.observe_prefill(50, 0.250)  # 5 ms a prompt token
+    assert pacer.budget(256, decoding=True) == 40  # 2 x 100 ms of prefill
+    assert pacer.budget(256, decoding=False) == 256  # alone, a newcomer gets the token budget
+    assert pacer.budget(30, decoding=True) == 30  # never above the token budget
+    pacer.observe_decode(0.020)  # smoothed: 60 ms
+    assert pacer.budget(256, decoding=True) == 32  # 24 tokens, raised to the floor
+    assert PrefillPacer(0.0).budget(256, decoding=True) == 256  # 0: the token budget alone
+
+
+def test_a_newcomer_beside_decoding_sequences_is_prefilled_in_paced_parts_and_samples_the_same(
+    contrib_int8_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Token budget 64; the pacer allows 2 x 10 ms / 1 ms = 20 tokens a step while anyone decodes."""
+    engine = OnnxEngine(contrib_int8_dir, intra_op_threads=1, prefill_tokens=64)
+    engine.prefill_pacer = _FrozenPacer(2.0, decode_seconds=0.010, prefill_seconds_per_token=0.001)
+    runs: list[int] = []
+    original = engine._forward
+
+    def forward(seq: object, ids: list[int]) -> None:
+        if len(ids) > 1:
+            runs.append(len(ids))
+        original(seq, ids)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "_forward", forward)
+    first = (prompt(LONG, start=3), _sampled(40, seed=1))
+    engine.add_sequence("first", *first)
+    got: dict[str, list[TokenOutput]] = {}
+    prefill_per_step: list[int] = []
+    while "first" not in got:
+        runs.clear()
+        for seq_id, out in engine.step().items():
+            got.setdefault(seq_id, []).append(out)
+        prefill_per_step.append(sum(runs))
+    assert prefill_per_step[0] == 64  # alone: the whole token budget
+    newcomer = (prompt(LONG - 10, start=9), _sampled(6, seed=2))
+    engine.add_sequence("new", *newcomer)
+    prefill_per_step = []
+    while "new" not in got:
+        runs.clear()
+        step = engine.step()
+        assert "first" in step, "the decoding sequence got no token from a step"
+        for seq_id, out in step.items():
+            got.setdefault(seq_id, []).append(out)
+        prefill_per_step.append(sum(runs))
+    assert max(prefill_per_step) <= 21 and sum(prefill_per_step) == LONG - 10  # 20, or 21 not to leave 1 alone
+    assert len(prefill_per_step) >= (LONG - 10) // 21
+    monkeypatch.undo()
+    for seq_id, outs in _outputs(engine).items():
+        got[seq_id].extend(outs)
+    assert got == {"first": _alone(contrib_int8_dir, *first), "new": _alone(contrib_int8_dir, *newcomer)}

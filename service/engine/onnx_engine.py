@@ -25,11 +25,13 @@ generated tokens) is prefilled inside step(), first come first served, under a p
 (`prefill_tokens`, SERVICE_PREFILL_CHUNK_TOKENS), before the step samples and decodes the sequences that
 are ready. So a long prompt arriving costs each running stream at most a budget's worth of prefill per
 token instead of the whole prompt, and a sequence yields its first token from the step its prefill
-ends in. Chunk boundaries never change a sampled bit: on shared-buffer graphs without sliding windows
-any run of 2+ tokens gives each row what any other such run gives it (a 1-token run takes the decode
-kernels), so the prompt is cut at the budget, never leaving one token alone; elsewhere (standard
-layout: dynamic int8 quantizes activations per call; sliding-window caches) the prompt goes in the
-same fixed chunks as always. Generated tokens are replayed one per call, as they were decoded.
+ends in. While any sequence decodes, the budget is also one in time (engine/prefill_pacer.py: about
+SERVICE_PREFILL_STALL_RATIO decode steps of prefill, from measured step and prefill times).
+Chunk boundaries never change a sampled bit: on shared-buffer graphs without sliding windows any run
+of 2+ tokens gives each row what any other such run gives it (a 1-token run takes the decode kernels),
+so the prompt is cut at the budget, never leaving one token alone; elsewhere (standard layout: dynamic
+int8 quantizes activations per call; sliding-window caches) the prompt goes in the same fixed chunks as
+always. Generated tokens are replayed one per call, as they were decoded.
 Prefilling sequences hold slots too; step() swaps slots so that the ready ones are 0..k-1 before it
 decodes them as one batch.
 
@@ -44,6 +46,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +63,7 @@ from service.engine.cpu import cpu_features
 from service.engine.info_moe import expert_bits
 from service.engine.layout import GraphLayout, detect_layout
 from service.engine.model_files import find_model_file
+from service.engine.prefill_pacer import DEFAULT_STALL_RATIO, PrefillPacer
 from service.engine.prefix_cache import PrefixCache, common_prefix_length
 from service.engine.sampling import sample
 
@@ -172,6 +176,7 @@ class OnnxEngine:
         max_batch: int = 32,
         prefix_cache_bytes: int = 0,
         prefill_tokens: int = 256,
+        prefill_stall_ratio: float = DEFAULT_STALL_RATIO,
     ) -> None:
         self.model_dir = Path(model_dir)
         meta = read_config(self.model_dir)
@@ -210,6 +215,8 @@ class OnnxEngine:
         self._seqs: dict[str, _Sequence] = {}  # in arrival order: prefill is first come first served
         # Prompt tokens (a replayed token counts _REPLAY_COST) one step prefills before it decodes.
         self.prefill_tokens = max(2, prefill_tokens)
+        # While others decode, a step's prefill also costs at most about this many decode steps (see prefill_pacer).
+        self.prefill_pacer = PrefillPacer(prefill_stall_ratio)
         self._failed: dict[str, EngineError] = {}  # sequences whose prefill failed, until pop_failures()
         # Shared-buffer graphs without sliding windows: a row's keys and values do not depend on its batch or
         # chunk, so prompts may be cut anywhere (2+ tokens a run), and finished sequences' KV rows are reused
@@ -290,6 +297,9 @@ class OnnxEngine:
         return results
 
     def _decode(self, going: list[tuple[_Sequence, int]]) -> None:
+        if not going:
+            return
+        started = time.perf_counter()
         if self.layout.shared_buffer:
             going.sort(key=lambda st: st[0].slot)  # rows in slot order: slots 0..n-1 are one tensor
             for start in range(0, len(going), self.max_batch):
@@ -297,6 +307,7 @@ class OnnxEngine:
         else:
             for seq, token in going:
                 self._forward(seq, [token])
+        self.prefill_pacer.observe_decode(time.perf_counter() - started)
 
     def remove_sequence(self, seq_id: str) -> None:
         self._failed.pop(seq_id, None)
@@ -339,7 +350,7 @@ class OnnxEngine:
                 break
             n = self._next_run(seq, max_tokens - spent)
             try:
-                self._forward(seq, seq.pending[seq.length : seq.length + n])
+                self._prefill_run(seq, n)
             except Exception as exc:
                 self._end_warming()  # keeps what was prefilled before; the queue is dropped
                 raise EngineError(f"warming the prefix cache: {exc}") from exc
@@ -367,14 +378,16 @@ class OnnxEngine:
     def _prefill_some(self) -> None:
         """Spend up to one step's prefill budget on the sequences still prefilling, oldest first. A
         sequence whose prefill raises is dropped and reported by pop_failures(); the others go on."""
+        decoding = any(seq.ready for seq in self._seqs.values())
+        budget = self.prefill_pacer.budget(self.prefill_tokens, decoding=decoding)
         spent = 0
         for seq_id, seq in list(self._seqs.items()):
-            while not seq.ready and spent < self.prefill_tokens:
-                n = self._next_run(seq, self.prefill_tokens - spent)
-                if spent > 0 and n > self.prefill_tokens - spent:
+            while not seq.ready and spent < budget:
+                n = self._next_run(seq, budget - spent)
+                if spent > 0 and n > budget - spent:
                     return  # a fixed chunk larger than what is left of the budget: next step
                 try:
-                    self._forward(seq, seq.pending[seq.length : seq.length + n])
+                    self._prefill_run(seq, n)
                 except Exception as exc:
                     del self._seqs[seq_id]
                     self._release(seq)
@@ -383,8 +396,14 @@ class OnnxEngine:
                 spent += n if n > 1 else _REPLAY_COST
             if seq_id in self._seqs and seq.ready:
                 seq.pending = []  # done: `length` keeps counting from here
-            if spent >= self.prefill_tokens:
+            if spent >= budget:
                 return
+
+    def _prefill_run(self, seq: _Sequence, n: int) -> None:
+        """The next `n` of the sequence's pending tokens, in one run (timed for the pacer)."""
+        started = time.perf_counter()
+        self._forward(seq, seq.pending[seq.length : seq.length + n])
+        self.prefill_pacer.observe_prefill(n, time.perf_counter() - started)
 
     def _next_run(self, seq: _Sequence, room: int) -> int:
         """How many of the sequence's pending tokens its next prefill run takes."""
