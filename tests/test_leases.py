@@ -4,11 +4,14 @@ are claimable again, and the fence renews only what a worker still owns."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import leases
 from service.store.db import create_engine
+from service.store.schema import runs
 
 
 async def _enqueue(db: AsyncEngine, count: int) -> list[str]:
@@ -44,11 +47,13 @@ async def test_concurrent_claimers_take_disjoint_runs(db: AsyncEngine, database_
 async def test_expired_leases_are_claimed_again_and_the_fence_knows_its_owner(db: AsyncEngine) -> None:
     ids = await _enqueue(db, 2)
     async with db.begin() as connection:
-        first = await leases.claim(connection, "worker-a", lease_seconds=0.2, limit=10)
+        first = await leases.claim(connection, "worker-a", lease_seconds=10, limit=10)
     assert [run.response_id for run in first] == ids and all(run.claims == 1 for run in first)
     async with db.begin() as connection:
         assert await leases.claim(connection, "worker-b", lease_seconds=10, limit=10) == []
-    await asyncio.sleep(0.3)
+        # worker-a's leases run out (set in the past rather than waited for: a slow machine under load
+        # once took longer than a short lease between the two claims above)
+        await connection.execute(sa.update(runs).values(lease_expires_at=time.time() - 1))
     async with db.begin() as connection:
         second = await leases.claim(connection, "worker-b", lease_seconds=10, limit=1)
     assert [run.response_id for run in second] == ids[:1] and second[0].claims == 2

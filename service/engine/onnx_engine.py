@@ -25,8 +25,8 @@ generated tokens) is prefilled inside step(), first come first served, under a p
 (`prefill_tokens`, SERVICE_PREFILL_CHUNK_TOKENS), before the step samples and decodes the sequences that
 are ready. So a long prompt arriving costs each running stream at most a budget's worth of prefill per
 token instead of the whole prompt, and a sequence yields its first token from the step its prefill
-ends in. While any sequence decodes, the budget is also one in time (engine/prefill_pacer.py: about
-SERVICE_PREFILL_STALL_RATIO decode steps of prefill, from measured step and prefill times).
+ends in. With SERVICE_PREFILL_STALL_RATIO set (off by default), while any sequence decodes the budget is
+also one in time (engine/prefill_pacer.py: about that many decode steps of prefill, as measured).
 Chunk boundaries never change a sampled bit: on shared-buffer graphs without sliding windows any run
 of 2+ tokens gives each row what any other such run gives it (a 1-token run takes the decode kernels),
 so the prompt is cut at the budget, never leaving one token alone; elsewhere (standard layout: dynamic
@@ -215,7 +215,7 @@ class OnnxEngine:
         self._seqs: dict[str, _Sequence] = {}  # in arrival order: prefill is first come first served
         # Prompt tokens (a replayed token counts _REPLAY_COST) one step prefills before it decodes.
         self.prefill_tokens = max(2, prefill_tokens)
-        # While others decode, a step's prefill also costs at most about this many decode steps (see prefill_pacer).
+        # While others decode, a step's prefill may also be bounded in time (prefill_pacer; ratio 0: it is not).
         self.prefill_pacer = PrefillPacer(prefill_stall_ratio)
         self._failed: dict[str, EngineError] = {}  # sequences whose prefill failed, until pop_failures()
         # Shared-buffer graphs without sliding windows: a row's keys and values do not depend on its batch or
