@@ -43,6 +43,10 @@ class FaultProxy:
         self._down_until = time.monotonic() + seconds
         self._loop.call_soon_threadsafe(self._close_all)
 
+    def restore(self) -> None:
+        """End the outage now (new connections are let through again)."""
+        self._down_until = 0.0
+
     @property
     def down(self) -> bool:
         return time.monotonic() < self._down_until

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -95,11 +97,17 @@ def test_a_server_started_during_an_outage_waits_for_its_database(
     """A server (re)started while its database is unreachable (restarted together, a network cut)
     waits for it, up to SERVICE_STORE_OUTAGE_SECONDS, instead of exiting."""
     url, proxy = proxied_postgres
-    proxy.cut(3.0)
-    server = server_factory(url).start()
-    assert not proxy.down  # it could only have started once the database was back
-    log = server.log_path.read_text()
-    assert "cannot open the database" in log and "trying again" in log
+    proxy.cut(25.0)  # ended below, once the server says it is waiting (however long its start takes)
+    server = server_factory(url)
+    with ThreadPoolExecutor(max_workers=1) as starting:
+        started = starting.submit(server.start)
+        deadline = time.monotonic() + 25
+        while "trying again" not in _log(server.log_path) and time.monotonic() < deadline:
+            assert not started.done(), "the server started while its database was unreachable"
+            time.sleep(0.1)
+        assert "cannot open the database" in _log(server.log_path) and "trying again" in _log(server.log_path)
+        proxy.restore()
+        started.result()
     reply = client_for(server.url).responses.create(input="Hello", max_output_tokens=8)
     assert reply.status in ("completed", "incomplete")
 
@@ -205,3 +213,7 @@ def test_a_full_disk_pauses_runs_until_space_returns(small_disk: Path, server_fa
     assert "store unavailable" in server.log_path.read_text()  # the disk really was full for a commit
     result = doctor(url)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _log(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
