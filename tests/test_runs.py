@@ -186,9 +186,9 @@ async def test_a_runs_first_delta_is_committed_without_waiting_out_the_interval(
     deltas = [[e["delta"] for e in events if e["type"] == "response.output_text.delta"] for events in commits]
     first = next(n for n, found in enumerate(deltas) if found)
     assert first > 0, "the run's start (created, in_progress) was committed before its first token"
-    # One engine step's token: committed before the next step's joined it (the interval would have let
-    # several more steps' tokens fold into it).
-    assert deltas[first] == [harness.engine.script[0]], deltas
+    # One engine step's token, or two where the commit before it (created, in_progress) was still in flight
+    # on a loaded machine when the next step came: the interval would have let many more steps' tokens fold in.
+    assert deltas[first] in ([harness.engine.script[:1]], [harness.engine.script[:2]]), deltas
     # Later steps wait for the interval, or for MAX_BACKLOG_STEPS of them, and their deltas are folded.
     later = [delta for found in deltas[first + 1 :] for delta in found]
     assert len(later) * 2 < len(harness.engine.script) - 1, later
