@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -149,10 +150,15 @@ def builtin_model_dir() -> Path:
 
 
 # Ports for servers the tests start: each xdist worker draws from its own range, below the kernel's
-# ephemeral ports. A port the kernel hands out (bind to 0) could be handed to another worker too between
-# this check and the server's bind, and that worker's server would then answer our health check.
-_PORT_BLOCK = 1000
-_PORT_BASE = 20_000 + _PORT_BLOCK * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % 12)
+# ephemeral ports (32768+). A port the kernel hands out (bind to 0) could be handed to another worker too
+# between this check and the server's bind, and that worker's server would then answer our health check.
+# Two test runs at once (a CI clone beside a checkout) would share every range, so a run's ranges start at
+# a place drawn from its own id (xdist's PYTEST_XDIST_TESTRUNUID, shared by its workers; else this process).
+_PORT_BLOCK = 500
+_PORT_BLOCKS = 24  # 20000-31999
+_RUN_SLOT = zlib.crc32(os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid())).encode())
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+_PORT_BASE = 20_000 + _PORT_BLOCK * ((_RUN_SLOT + _WORKER) % _PORT_BLOCKS)
 _next_port = itertools.cycle(range(_PORT_BASE, _PORT_BASE + _PORT_BLOCK))
 
 
