@@ -77,6 +77,12 @@ PREFIX_CACHE_WARMED = Gauge(
     "Tokens an idle engine prefilled into the prefix cache for finished conversations' next turns",
     multiprocess_mode="livesum",
 )
+PREFILL_PACED_STEPS = Gauge(
+    "service_prefill_paced_steps",
+    "Engine steps whose prefill was held below the token budget so that decoding runs were not stalled long"
+    " (SERVICE_PREFILL_STALL_RATIO)",
+    multiprocess_mode="livesum",
+)
 
 
 def timed(histogram: Histogram, function: Callable[[], T]) -> Callable[[], T]:
@@ -143,6 +149,9 @@ async def metrics_endpoint(request: Request) -> Response:
         PREFIX_CACHE_HITS.set(cache.hits)
         PREFIX_CACHE_TOKENS.set(cache.reused_tokens)
         PREFIX_CACHE_WARMED.set(cache.warmed_tokens)
+    pacer = getattr(state.supervisor.runtime.engine, "prefill_pacer", None)
+    if pacer is not None:
+        PREFILL_PACED_STEPS.set(pacer.paced_steps)
     body, content_type = metrics_text()
     return Response(body, media_type=content_type)
 

@@ -378,6 +378,8 @@ class OnnxEngine:
     def _prefill_some(self) -> None:
         """Spend up to one step's prefill budget on the sequences still prefilling, oldest first. A
         sequence whose prefill raises is dropped and reported by pop_failures(); the others go on."""
+        if all(seq.ready for seq in self._seqs.values()):
+            return
         decoding = any(seq.ready for seq in self._seqs.values())
         budget = self.prefill_pacer.budget(self.prefill_tokens, decoding=decoding)
         spent = 0

@@ -34,6 +34,7 @@ class PrefillPacer:
         self.floor = floor
         self.decode_seconds: float | None = None  # one decode run of the whole batch
         self.prefill_seconds_per_token: float | None = None
+        self.paced_steps = 0  # steps whose prefill the pacer held below the token budget (a metric)
 
     def observe_decode(self, seconds: float) -> None:
         self.decode_seconds = _smooth(self.decode_seconds, seconds)
@@ -46,8 +47,11 @@ class PrefillPacer:
         """Prompt tokens this step may prefill, `tokens` being the token budget."""
         if not decoding or self.ratio <= 0 or self.decode_seconds is None or not self.prefill_seconds_per_token:
             return tokens
-        paced = int(self.ratio * self.decode_seconds / self.prefill_seconds_per_token)
-        return min(tokens, max(self.floor, paced))
+        paced = max(self.floor, int(self.ratio * self.decode_seconds / self.prefill_seconds_per_token))
+        if paced >= tokens:
+            return tokens
+        self.paced_steps += 1
+        return paced
 
 
 def _smooth(previous: float | None, value: float) -> float:
