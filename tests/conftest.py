@@ -22,9 +22,8 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-# Suites that start servers and kill, restart or replicate them: the README's test command skips them
-# (`-m "not slow"`) and CI runs them as a step of their own (`-m slow`), so each step stays near ten
-# to twenty minutes on two cores.
+# Suites that start servers and kill, restart or replicate them: the README's test command (and CI) runs
+# them with the rest; `-m "not slow"` leaves them out for a quicker run while working (about a third less).
 SLOW_MODULES = frozenset(
     {
         "test_durability",
