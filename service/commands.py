@@ -79,7 +79,6 @@ class Commands:
                 param="max_output_tokens",
                 code="max_output_tokens_too_large",
             )
-        await self._check_run_limits(project)
         response_id = new_response_id()
         input_items = normalize_input(request, response_id)
         prompt_request, prompt_ids, tools, effort, server_tools = await self._prompt(
@@ -141,25 +140,29 @@ class Commands:
         created_event = StreamBuilder(response).created()[0]
         if server_tools.headers:  # in memory for the run; a background run also has them sealed in the fact
             self.supervisor.tool_steps.headers[response_id] = server_tools.headers
-        with metrics.EVENT_APPEND.labels("create").time():
-            await recorder.create_response(
-                self.db,
-                request_fact=fact,
-                created_event=created_event,
-                response=response,
-                input_items=input_items,
-                background=request.background,
-                lease_seconds=self.settings.lease_seconds,
-                project=project,
-            )
+        try:
+            with metrics.EVENT_APPEND.labels("create").time():
+                await recorder.create_response(
+                    self.db,
+                    request_fact=fact,
+                    created_event=created_event,
+                    response=response,
+                    input_items=input_items,
+                    background=request.background,
+                    lease_seconds=self.settings.lease_seconds,
+                    project=project,
+                    admit=self._admit,
+                )
+        except BaseException:
+            self.supervisor.tool_steps.headers.pop(response_id, None)  # refused, or never written
+            raise
         await self.notifier.publish([response_id])
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
 
-    async def _check_run_limits(self, project: str) -> None:
-        """429 past the project's runs in flight, 503 past the server's queue bound (see limits.py)."""
-        async with self.db.connect() as connection:
-            project_runs, all_runs = await leases.unfinished_runs_of(connection, project)
+    def _admit(self, project_runs: int, all_runs: int) -> None:
+        """429 past the project's runs in flight, 503 past the server's queue bound (see limits.py); checked
+        in the create transaction (recorder.create_response)."""
         check_runs(
             project_runs=project_runs,
             project_limit=self.settings.max_runs_per_project,

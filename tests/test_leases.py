@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store import leases
+from service.protocol import CreateResponseRequest
+from service.protocol.response import initial_response
+from service.store import leases, recorder
 from service.store.db import create_engine
-from service.store.schema import runs
+from service.store.schema import events, runs
 
 
 async def _enqueue(db: AsyncEngine, count: int) -> list[str]:
@@ -80,3 +83,47 @@ async def test_unfinished_runs_are_counted_per_project_and_in_all_in_one_stateme
         assert await leases.unfinished_runs_of(connection, "proj_b") == (1, 3)
         assert await leases.unfinished_runs_of(connection, "proj_c") == (0, 3)
         assert await leases.unfinished_runs(connection) == 3
+
+
+async def _create(db: AsyncEngine, n: int, admit: Callable[[int, int], None]) -> str:
+    response_id = f"resp_limit_{n:03d}"
+    request = CreateResponseRequest.model_validate({"input": "hi", "background": True})
+    response = initial_response(request, response_id=response_id, model="m", created_at=0, max_output_tokens=None)
+    created = {"type": "response.created", "sequence_number": 0, "response": response}
+    await recorder.create_response(
+        db,
+        request_fact={"request": {"input": "hi"}},
+        created_event=created,
+        response=response,
+        input_items=[],
+        background=True,
+        lease_seconds=10,
+        project="proj_a",
+        admit=admit,
+    )
+    return response_id
+
+
+async def test_creates_racing_for_the_last_place_are_admitted_one_at_a_time(db: AsyncEngine, database_url: str) -> None:
+    """The admission check counts the runs inside the create transaction, under the append lock: of many
+    creates at once with room for two more runs, exactly two are written, and a refused one leaves no trace."""
+
+    def admit(project_runs: int, all_runs: int) -> None:
+        if project_runs >= 3:
+            raise RuntimeError("full")
+
+    await _create(db, 0, admit)
+    writers = [create_engine(database_url) for _ in range(6)]
+    try:
+        results = await asyncio.gather(
+            *(_create(writer, n, admit) for n, writer in enumerate(writers, start=1)), return_exceptions=True
+        )
+    finally:
+        for writer in writers:
+            await writer.dispose()
+    written = [r for r in results if isinstance(r, str)]
+    assert len(written) == 2 and all(isinstance(r, RuntimeError) for r in results if not isinstance(r, str))
+    async with db.connect() as connection:
+        assert await leases.unfinished_runs_of(connection, "proj_a") == (3, 3)
+        stored = set(await connection.scalars(sa.select(events.c.response_id).distinct()))
+    assert stored == {"resp_limit_000", *written}

@@ -6,7 +6,7 @@ or one engine step of every run a worker owns (group commit).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +74,17 @@ async def create_response(
     background: bool,
     lease_seconds: float,
     project: str = DEFAULT_PROJECT,
+    admit: Callable[[int, int], None] | None = None,
 ) -> None:
+    """`admit(project_runs, all_runs)`: called with the runs queued or generating (the project's, every
+    project's) inside the transaction, before anything is written; it raises to refuse the run. Counted
+    under the append lock, so two creates cannot both take the last place, and in the same round trip."""
     response_id = response["id"]
 
     async def create(connection: Any) -> None:
         await event_log.lock_for_append(connection)
+        if admit is not None:
+            admit(*await leases.unfinished_runs_of(connection, project))
         await event_log.append_fact(connection, response_id, "request", request_fact)
         position = await event_log.append_events(connection, response_id, [created_event])
         await read_models.insert_response(connection, response, position=position, project=project)
