@@ -68,6 +68,14 @@ CHECKPOINT_INTERVAL_SECONDS = 30.0
 _StepResult = tuple[dict[str, TokenOutput], dict[str, EngineError]]
 
 
+_Logs = dict[str, tuple[list[event_log.StoredFact], list[event_log.StoredEvent]]]
+
+
+def _payloads(logs: _Logs) -> dict[str, tuple[list[event_log.StoredFact], list[dict[str, Any]]]]:
+    """Each run's facts, and its events as the dicts the stream builder replays."""
+    return {rid: (facts, [e.payload() for e in stored]) for rid, (facts, stored) in logs.items()}
+
+
 def _after(logged: list[dict[str, Any]]) -> int:
     """The sequence number after a run's logged events (past any hole an older version left)."""
     return logged[-1]["sequence_number"] + 1 if logged else 0
@@ -304,19 +312,20 @@ class RunSupervisor:
 
         room, lease = self.max_active - len(self.active), self.settings.lease_seconds
 
-        async def claim(connection: AsyncConnection) -> list[ClaimedRun]:  # in the SQLite writer's thread
+        async def claim(connection: AsyncConnection) -> tuple[list[ClaimedRun], _Logs]:  # in the SQLite writer's thread
             claimed = await leases.claim(connection, self.owner, lease_seconds=lease, limit=100, cancelled_only=True)
             if room > 0:
                 claimed += await leases.claim(connection, self.owner, lease_seconds=lease, limit=room)
-            return claimed
+            # Their logs in the same round trip (a newcomer's is its request and one event).
+            return claimed, await event_log.read_logs(connection, [c.response_id for c in claimed])
 
         # Each run goes into the engine as soon as it is rebuilt, without waiting for its add: an add waits for
         # the engine thread's next step, so one by one a burst of N newcomers would wait N steps before the
         # last one's prefill could start.
         adding: list[tuple[ActiveRun, asyncio.Future[None]]] = []
-        claims = await write_transaction(self.db, claim)
+        claims, stored_logs = await write_transaction(self.db, claim)
         self._admitting = {c.response_id for c in claims}  # owned, not yet active: stop() releases them too
-        logs = await self._read_logs([c.response_id for c in claims]) if claims else {}
+        logs = _payloads(stored_logs)
         for claimed in claims:
             try:
                 run = await self._resume(claimed, *logs[claimed.response_id])
@@ -340,8 +349,7 @@ class RunSupervisor:
         self, response_ids: list[str]
     ) -> dict[str, tuple[list[event_log.StoredFact], list[dict[str, Any]]]]:
         async with self.db.connect() as connection:
-            logs = await event_log.read_logs(connection, response_ids)
-        return {rid: (facts, [e.payload() for e in stored]) for rid, (facts, stored) in logs.items()}
+            return _payloads(await event_log.read_logs(connection, response_ids))
 
     async def _resume(
         self, claimed: ClaimedRun, facts: list[event_log.StoredFact], logged: list[dict[str, Any]]
