@@ -16,7 +16,8 @@ from tests.conftest import ServerProcess
 
 ServerFactory = Callable[..., ServerProcess]
 
-# ~150 prompt tokens: several paced parts of 32 (the pacer's floor), one run of the 256-token budget alone.
+# ~200 prompt tokens with the system message: several paced parts of 32 (the pacer's floor) beside a decoding
+# run, one step of the 256-token budget alone.
 NEWCOMER = "Tell me about the rivers and the hills and the towns along them. " * 10
 
 
