@@ -343,13 +343,8 @@ class RunSupervisor:
         await self._drain(wait=False)  # the started runs' first events: one commit for all, beside the next step
 
     async def _read_log(self, response_id: str) -> tuple[list[event_log.StoredFact], list[dict[str, Any]]]:
-        return (await self._read_logs([response_id]))[response_id]
-
-    async def _read_logs(
-        self, response_ids: list[str]
-    ) -> dict[str, tuple[list[event_log.StoredFact], list[dict[str, Any]]]]:
         async with self.db.connect() as connection:
-            return _payloads(await event_log.read_logs(connection, response_ids))
+            return _payloads(await event_log.read_logs(connection, [response_id]))[response_id]
 
     async def _resume(
         self, claimed: ClaimedRun, facts: list[event_log.StoredFact], logged: list[dict[str, Any]]
