@@ -57,14 +57,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.engine.base import (
-    AllowedTokens,
-    EngineError,
-    FinishReason,
-    LogitsConstraint,
-    SamplingParams,
-    TokenOutput,
-)
+from service.engine.base import EngineError, FinishReason, LogitsConstraint, SamplingParams, TokenOutput
 from service.engine.config import read_config
 from service.engine.cpu import cpu_features
 from service.engine.info_moe import expert_bits
@@ -80,9 +73,6 @@ _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produ
 _REPLAY_COST = 16
 # Threads computing grammar masks beside the forward pass (each takes a share of the batch).
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
-# Rows a sampling thread takes at least: below that, handing rows to a second thread costs more than it saves
-# (one row of a 201,088-token vocabulary costs ~0.3-0.6 ms; numpy drops the GIL over its passes).
-_SAMPLE_SHARE_MIN_ROWS = 2
 # Prompts warm_prefix() keeps for warm() to prefill (the most recent ones).
 _WARM_QUEUE = 4
 # A prompt to warm that starts with all but this many of the warming sequence's rows retargets it (see warm).
@@ -195,13 +185,8 @@ class OnnxEngine:
         self.max_context: int = int(meta.extra.get("max_context", self.config.max_position))
         check_int8_kernels(meta.extra.get("quantization") or {})
         opts = ort.SessionOptions()
-        threads = intra_op_threads or default_threads()
-        opts.intra_op_num_threads = threads
+        opts.intra_op_num_threads = intra_op_threads or default_threads()
         opts.inter_op_num_threads = 1
-        # ONNX Runtime's threads spin between a run's ops (quick hand-offs) but not after it: the rows are then
-        # drawn on those cores (_draw_all), which gains nothing while they spin (tiny built-in model, 16 rows,
-        # AVX2 EPYC: a step 18 against 21 ms, the draw 7 against 10.5 ms).
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(
@@ -240,9 +225,6 @@ class OnnxEngine:
         reusable = self._cut_anywhere and prefix_cache_bytes > 0
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
         self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
-        # Rows are sampled on as many threads as the forward pass uses (ONNX Runtime's pool waits meanwhile).
-        self._sample_threads = threads
-        self._sample_pool: ThreadPoolExecutor | None = None  # started on the first step with rows to share
         # Prompts expected soon (warm_prefix), prefilled into the prefix cache by warm().
         self._to_warm: deque[list[int]] = deque(maxlen=_WARM_QUEUE)
         self._warming: _Sequence | None = None  # the one being prefilled (it holds a KV slot)
@@ -288,9 +270,10 @@ class OnnxEngine:
         self._prefill_some()
         results: dict[str, TokenOutput] = {}
         going: list[tuple[_Sequence, int]] = []
-        ready = [(seq_id, seq) for seq_id, seq in self._seqs.items() if seq.ready]
-        for (seq_id, seq), drawn in zip(ready, self._draw_all([seq for _, seq in ready]), strict=True):
-            out = self._after_draw(seq, drawn)
+        for seq_id, seq in list(self._seqs.items()):
+            if not seq.ready:
+                continue
+            out = self._sample(seq)
             results[seq_id] = out
             if out.finish_reason is not None:
                 self._release(self._seqs.pop(seq_id))
@@ -458,27 +441,9 @@ class OnnxEngine:
             a.slot, b.slot = high, low
             slots[low], slots[high] = b, a
 
-    def _draw_all(self, seqs: list[_Sequence]) -> list[TokenOutput]:
-        """Each ready sequence's token, drawn from its logits (sampling.sample: a pure function of the row,
-        its parameters, mask and counts, so the rows may be drawn on several threads with the same result).
-        The rows are split between this thread and the sampling pool's."""
-        draws = [(seq.logits, seq.params, seq.generated, _allowed(seq), seq.counts) for seq in seqs]
-        shares = min(self._sample_threads, len(draws) // _SAMPLE_SHARE_MIN_ROWS)
-        if shares < 2:
-            return [sample(*draw) for draw in draws]
-        if self._sample_pool is None:
-            self._sample_pool = ThreadPoolExecutor(max_workers=self._sample_threads - 1, thread_name_prefix="sample")
-        bounds = [len(draws) * i // shares for i in range(shares + 1)]
-        parts = [draws[bounds[i] : bounds[i + 1]] for i in range(shares)]
-        others = [self._sample_pool.submit(_sample_rows, part) for part in parts[1:]]
-        try:
-            mine = _sample_rows(parts[0])
-        finally:
-            drawn = [future.result() for future in others]  # waits for every share, even after a failure
-        return [out for part in (mine, *drawn) for out in part]
-
-    def _after_draw(self, seq: _Sequence, out: TokenOutput) -> TokenOutput:
-        """Advance the sequence past its drawn token: constraint, penalty counts, and whether it finished."""
+    def _sample(self, seq: _Sequence) -> TokenOutput:
+        allowed = seq.constraint.allowed_token_ids() if seq.constraint is not None else None
+        out = sample(seq.logits, seq.params, seq.generated, allowed, seq.counts)
         if seq.constraint is not None:
             seq.constraint.accept(out.token_id)
         if seq.params.frequency_penalty or seq.params.presence_penalty:
@@ -670,14 +635,6 @@ def check_int8_kernels(scheme: dict[str, Any]) -> None:
             f"({cpu_features().int8_kernel}), where those kernels saturate; rebuild the model on this machine "
             "(model build-random / model quantize --block-size row), which stores them for the exact u8u8 kernels"
         )
-
-
-def _allowed(seq: _Sequence) -> AllowedTokens | None:
-    return seq.constraint.allowed_token_ids() if seq.constraint is not None else None
-
-
-def _sample_rows(draws: list[tuple[Any, ...]]) -> list[TokenOutput]:
-    return [sample(*draw) for draw in draws]
 
 
 def _compute_masks(constraints: list[LogitsConstraint]) -> None:
