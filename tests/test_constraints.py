@@ -23,7 +23,7 @@ from service.engine.base import TokenBitmask
 from service.engine.sampling import bitmask_to_bool
 from service.errors import InvalidRequest
 from service.prompting.harmony import HarmonyFormat
-from service.prompting.harmony_constraint import HarmonyHeaderConstraint
+from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab, _special_ids
 from service.prompting.vocab import load_harmony
 
 SCHEMA: dict[str, Any] = {
@@ -78,6 +78,17 @@ def test_tokenizer_matches_the_model_vocabulary(tokenizer: llguidance.LLTokenize
     assert tokenizer.eos_token == encoding.encode("<|return|>", allowed_special="all")[0]
     text = 'hello {"a": 1} wörld'
     assert tokenizer.tokenize_str(text) == encoding.encode(text)
+
+
+def test_special_ids_read_in_one_encode_are_each_specials_own() -> None:
+    encoding = load_harmony()
+    names = sorted(encoding.special_tokens_set)
+    one_by_one = [tid for name in names for tid in encoding.encode(name, allowed_special="all")]
+    assert len(one_by_one) == len(names)  # each special token's text is one token
+    assert _special_ids(encoding) == one_by_one
+    vocab = HarmonyVocab(encoding)
+    assert vocab.first_special == min(one_by_one) == 199_998  # o200k's ordinary ranks are 0..199,997
+    assert encoding.decode([vocab.first_special - 1]) and not encoding.is_special_token(vocab.first_special - 1)
 
 
 def test_strict_subset_accepts_the_documented_keywords() -> None:

@@ -59,6 +59,16 @@ class _TrieNode:
     allowed: np.ndarray | None = None  # cached sorted child ids
 
 
+def _special_ids(encoding: HarmonyEncoding) -> list[int]:
+    """The ids of every special token: one encode of them all, each written once (a special token's text is
+    always read as that one token), rather than a thousand calls that each copy the set of specials."""
+    names = sorted(encoding.special_tokens_set)
+    ids = encoding.encode("".join(names), allowed_special="all")
+    if len(ids) != len(names):  # not one id per name: ask each on its own
+        ids = [tid for name in names for tid in encoding.encode(name, allowed_special="all")]
+    return ids
+
+
 class HarmonyVocab:
     """Per-encoding token facts, computed once: specials, ordinary ids, body masks."""
 
@@ -76,7 +86,7 @@ class HarmonyVocab:
         self.restart_allowed = [_frozen([tid]) for tid in self.restart]
         # Ordinary ids: every token the model may write inside a message body.
         # o200k ranks are contiguous: every id below the first special token is ordinary text.
-        self.first_special = min(special(s) for s in encoding.special_tokens_set)
+        self.first_special = min(_special_ids(encoding))
         ids = np.arange(self.first_special, dtype=np.int64)
 
         def body(*terminators: int) -> np.ndarray:
