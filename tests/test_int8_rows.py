@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import service.engine.graph_contrib as graph_contrib
@@ -63,6 +64,44 @@ def test_every_linear_layer_is_per_row_int8_and_config_json_says_so(rows: Path) 
     info = json.loads(run_cli("model", "info", str(rows)).stdout)
     assert info["decoding"]["batch_invariant"] is True
     assert info["op_counts"]["MatMulIntegerToFloat"] == 4 * SMALL.num_layers + 1  # qkv, o, gate_up, down; the head
+
+
+def _row_linear_model(zero_points: bool, weight: np.ndarray) -> onnx.ModelProto:
+    g = graph_contrib.GraphWriter()
+    zp = graph_contrib.row_zero_points(g, "ids") if zero_points else None
+    graph_contrib.row_int8_linear(g, "x", "w", weight, out="y", zero_points=zp)
+    k, n = weight.shape[1], weight.shape[0]
+    inputs = [
+        onnx.helper.make_tensor_value_info(name, t, shape)
+        for name, t, shape in (
+            ("x", onnx.TensorProto.FLOAT, ["b", "s", k]),
+            ("ids", onnx.TensorProto.INT64, ["b", "s"]),
+        )
+    ]
+    outputs = [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["b", "s", n])]
+    return g.model(inputs, outputs, {"": 21 if zero_points else 17, graph_contrib.MS: 1})
+
+
+def test_one_quantize_node_gives_the_bytes_of_divide_round_add_cast() -> None:
+    """The built graphs quantize a row with one blocked QuantizeLinear, `model quantize` with four nodes: the same
+    bits, ties (x / scale = n + 0.5, rounded to even), all-zero rows and tiny or huge rows included."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((24, 40)).astype(np.float32)
+    x = rng.standard_normal((3, 5, 40)).astype(np.float32) * np.float32(3)
+    x[0, 0] = 0.0
+    x[0, 1] = np.float32(1e-20) * x[0, 1]
+    x[0, 2] = np.float32(1e20) * x[0, 2]
+    x[1, 0] = np.arange(40, dtype=np.float32) - np.float32(19.5)  # evenly spaced, amax 20.5
+    x[1, 1, :] = np.float32(0.5) + np.arange(40, dtype=np.float32) % 7
+    x[1, 1, 0] = np.float32(127.0)  # amax 127: the scale is 1, so every other x / scale is a tie, k + 0.5
+    ids = np.zeros(x.shape[:2], dtype=np.int64)
+    got = {}
+    for zero_points in (False, True):
+        model = _row_linear_model(zero_points, weight)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got[zero_points] = sess.run(None, {"x": x, "ids": ids})[0]
+    assert np.array_equal(got[True], got[False])
+    assert not np.any(got[True][0, 0])  # an all-zero row stays zero, not NaN
 
 
 def test_quantizing_per_row_gives_the_model_built_per_row(rows: Path, contrib_fp32_dir: Path, tmp_path: Path) -> None:
