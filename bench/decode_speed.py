@@ -177,7 +177,7 @@ def ensure_genai_model(work_dir: Path, python: str, config: DecoderConfig, vocab
 
 def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> Result:
     eng = OnnxEngine(model_dir, intra_op_threads=threads)
-    params = SamplingParams(max_new_tokens=new + 1, temperature=0.0)
+    params = SamplingParams(max_new_tokens=new + 1, temperature=0.0, logprobs=False)  # genai computes none either
     eng.add_sequence("warm", prompt[:8], params)
     eng.step()
     eng.remove_sequence("warm")
@@ -197,7 +197,7 @@ def bench_engine(model_dir: Path, threads: int, prompt: list[int], new: int) -> 
 def bench_engine_batch(engine: OnnxEngine, batch: int, batched: bool, prompt_len: int, new: int) -> tuple[float, float]:
     """(aggregate decode tok/s, CPU ms per token) with `batch` sequences active (prefill not timed)."""
     rng = np.random.default_rng(batch)
-    params = SamplingParams(max_new_tokens=new + 2, temperature=0.0)
+    params = SamplingParams(max_new_tokens=new + 2, temperature=0.0, logprobs=False)
     engine.max_batch = batch if batched else 1
     for b in range(batch):
         engine.add_sequence(f"s{b}", [int(t) for t in rng.integers(0, engine.config.vocab_size, prompt_len)], params)
@@ -461,10 +461,12 @@ def sampling_cost(vocab: int, batch: int, steps: int = 10) -> None:
     logits = (np.random.default_rng(0).standard_normal((batch, 1, vocab)) * 3).astype(np.float32)
     peaked = logits * np.float32(4)  # a confident model: the nucleus is a few tokens
     mixes = {
-        "greedy": (logits, SamplingParams(1, temperature=0.0)),
-        "temperature 1": (logits, SamplingParams(1, temperature=1.0)),
-        "temperature 0.7, top_p 0.9 (flat)": (logits, SamplingParams(1, temperature=0.7, top_p=0.9)),
-        "temperature 0.7, top_p 0.9 (peaked)": (peaked, SamplingParams(1, temperature=0.7, top_p=0.9)),
+        "greedy": (logits, SamplingParams(1, temperature=0.0, logprobs=False)),
+        "greedy, with the token's logprob": (logits, SamplingParams(1, temperature=0.0)),
+        "temperature 1": (logits, SamplingParams(1, temperature=1.0, logprobs=False)),
+        "temperature 1, with the token's logprob": (logits, SamplingParams(1, temperature=1.0)),
+        "temperature 0.7, top_p 0.9 (flat)": (logits, SamplingParams(1, temperature=0.7, top_p=0.9, logprobs=False)),
+        "temperature 0.7, top_p 0.9 (peaked)": (peaked, SamplingParams(1, temperature=0.7, top_p=0.9, logprobs=False)),
         "temperature 1, top_logprobs 5": (logits, SamplingParams(1, temperature=1.0, top_logprobs=5)),
     }
     print(f"\nSampling {batch} rows of {vocab:,} logits, CPU ms per step (mean of {steps})")

@@ -139,7 +139,7 @@ def bare_engine(model: str, model_dir: Path, texts: list[str], new_tokens: int, 
     started = time.perf_counter()
     last: dict[str, float] = {}
     for i, prompt in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=new_tokens, seed=i)
+        params = SamplingParams(max_new_tokens=new_tokens, seed=i, logprobs=False)  # as served: none asked
         engine.add_sequence(f"s{i}", prompt, params, chat_format.new_constraint())
     while engine.active_sequence_ids():
         outputs = engine.step()

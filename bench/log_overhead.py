@@ -38,7 +38,8 @@ def bare_engine(model_dir: Path, tokens: int, threads: int) -> float:
     engine.add_sequence("warm", prompt, SamplingParams(max_new_tokens=tokens, seed=2), chat_format.new_constraint())
     while engine.active_sequence_ids():
         engine.step()
-    engine.add_sequence("bench", prompt, SamplingParams(max_new_tokens=tokens, seed=1), chat_format.new_constraint())
+    params = SamplingParams(max_new_tokens=tokens, seed=1, logprobs=False)  # as the server runs it: none asked
+    engine.add_sequence("bench", prompt, params, chat_format.new_constraint())
     engine.step()  # first token (prefill logits)
     started, produced = time.perf_counter(), 0
     while engine.active_sequence_ids():

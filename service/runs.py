@@ -446,6 +446,7 @@ class RunSupervisor:
             top_p=sampling["top_p"],
             seed=sampling["seed"],
             top_logprobs=sampling["top_logprobs"],
+            logprobs=bool(fact.get("logprobs")),  # what the response's events carry (see _logprob_entry)
             frequency_penalty=sampling.get("frequency_penalty", 0.0),
             presence_penalty=sampling.get("presence_penalty", 0.0),
             stop_token_ids=self.runtime.chat_format.stop_token_ids(),
@@ -688,6 +689,8 @@ class RunSupervisor:
             return False
 
     def _logprob_entry(self, output: TokenOutput) -> dict[str, Any]:
+        assert output.logprob is not None  # the run's SamplingParams ask for it (_sampling_params)
+
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
             text = self.runtime.chat_format.token_text(token_id)
             return {"token": text, "bytes": list(text.encode()), "logprob": logprob}

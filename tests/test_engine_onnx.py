@@ -59,7 +59,7 @@ def test_max_new_tokens_finishes_with_length(engine: OnnxEngine) -> None:
         outs.append(engine.step()["a"])
     assert len(outs) == 6
     assert [o.finish_reason for o in outs] == [None] * 5 + ["length"]
-    assert all(o.logprob <= 0 for o in outs)
+    assert all(o.logprob is not None and o.logprob <= 0 for o in outs)
 
 
 def test_stop_token_is_returned_and_finishes(engine: OnnxEngine) -> None:

@@ -166,3 +166,33 @@ def test_a_whole_vocabulary_mask_draws_what_the_reference_drew() -> None:
                         seeded = dataclasses.replace(params, seed=13 * index + 5)
                         got = sample(logits, seeded, index, allowed)
                         assert got == reference_sampling.sample(logits, seeded, index, allowed), (seeded, index)
+
+
+def test_skipping_the_logprob_never_changes_the_token() -> None:
+    """The server asks for the sampled token's logprob only when the request does (SamplingParams.logprobs):
+    without it the same token is drawn, greedy or not, masked, penalized or compacted, and none is reported;
+    top_logprobs still brings both."""
+    logits = _logits(3)
+    wide = np.flatnonzero(np.arange(V) % 3 != 0)  # a whole-vocabulary mask that keeps most ids
+    best = int(np.argmax(logits))
+    narrow = np.array([best, 7, 99, 1234])  # few ids: sampled over the subset alone
+    grid = [
+        {"temperature": 0.0},
+        {"temperature": 1.0},
+        {"temperature": 0.7},
+        {"temperature": 1.0, "top_p": 0.9},
+        {"temperature": 1.0, "top_k": 20},
+        {"temperature": 0.0, "presence_penalty": 1.5, "frequency_penalty": 0.5},
+        {"temperature": 1.0, "presence_penalty": 1.5},
+    ]
+    for kw in grid:
+        for allowed in (None, wide, narrow, np.array([i for i in wide if i != best])):
+            for index in range(8):
+                counts = {best: 2, 5: 1}
+                args = (logits, _p(seed=11, **kw), index, allowed, counts)
+                full = sample(*args)
+                lean = sample(logits, _p(seed=11, logprobs=False, **kw), index, allowed, counts)
+                assert lean.token_id == full.token_id, (kw, index)
+                assert lean.logprob is None and full.logprob is not None
+    with_top = sample(logits, _p(temperature=0.0, logprobs=False, top_logprobs=2), 0)
+    assert with_top.logprob is not None and len(with_top.top_logprobs) == 2

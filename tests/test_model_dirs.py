@@ -52,7 +52,7 @@ def random_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-def greedy(model_dir: Path, prompt: list[int], n: int = 12) -> list[tuple[int, float]]:
+def greedy(model_dir: Path, prompt: list[int], n: int = 12) -> list[tuple[int, float | None]]:
     engine = OnnxEngine(model_dir, intra_op_threads=1)
     engine.add_sequence("s", prompt, SamplingParams(max_new_tokens=n, temperature=0.0, top_logprobs=1))
     out = []

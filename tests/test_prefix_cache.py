@@ -57,7 +57,7 @@ def test_a_longer_entry_supersedes_its_prefixes() -> None:
 
 def _conversation(
     engine: OnnxEngine, turns: int, *, neighbour: bool, warm_chunk: int = 0
-) -> list[list[tuple[int, float]]]:
+) -> list[list[tuple[int, float | None]]]:
     """Turn k's prompt is turn k-1's prompt and output plus new tokens; (token, logprob) per turn. With
     `warm_chunk`, the engine prefills each next turn's start between turns, as an idle server's does."""
     history: list[int] = []
@@ -68,7 +68,7 @@ def _conversation(
         engine.add_sequence(f"t{turn}", ids, params)
         if neighbour:  # another sequence in the same batch, with a prompt of its own
             engine.add_sequence(f"n{turn}", prompt(7, start=turn + 2), SamplingParams(max_new_tokens=6, seed=9))
-        out: list[tuple[int, float]] = []
+        out: list[tuple[int, float | None]] = []
         while engine.active_sequence_ids():
             step = engine.step()
             if f"t{turn}" in step:
@@ -138,13 +138,13 @@ def test_a_newcomer_ends_the_warming_and_keeps_what_it_did(contrib_int8_dir: Pat
 
 def _turn_warmed_as_it_decodes(
     engine: OnnxEngine, ids: list[int], seq_id: str, *, every: int
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, float | None]]:
     """Decode one turn; every `every` tokens hand the engine the history so far (less the last token, as a
     partial render leaves the unstable tail out) and warm a few tokens of it beside the decoding; then warm
     the whole finished turn."""
     params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.95, seed=len(ids), top_logprobs=2)
     engine.add_sequence(seq_id, ids, params)
-    out: list[tuple[int, float]] = []
+    out: list[tuple[int, float | None]] = []
     while engine.active_sequence_ids():
         token = engine.step()[seq_id]
         out.append((token.token_id, token.logprob))

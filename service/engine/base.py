@@ -35,6 +35,9 @@ class SamplingParams:
     seed: int = 0
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     top_logprobs: int = 0  # 0 = off
+    # The sampled token's logprob too (a pass over the vocabulary more for greedy, a float64 sum more at
+    # temperature 1); the server asks for it only when the request does. top_logprobs implies it.
+    logprobs: bool = True
     # OpenAI semantics, over the tokens generated so far in this response (replayed ones included):
     # logits[t] -= presence_penalty * (count[t] > 0) + frequency_penalty * count[t]
     frequency_penalty: float = 0.0
@@ -73,7 +76,7 @@ class TokenOutput:
     """One sampled token of one sequence."""
 
     token_id: int
-    logprob: float
+    logprob: float | None  # None unless SamplingParams.logprobs (or top_logprobs)
     top_logprobs: tuple[tuple[int, float], ...] = ()
     # Set on the sequence's last token; the engine drops the sequence itself then.
     finish_reason: FinishReason | None = None

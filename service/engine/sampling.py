@@ -221,13 +221,17 @@ def sample(
     masked = apply_penalties(raw, params, counts)
     penalized = masked is not raw
     subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
-    best, m, e = _exp_shifted(raw)
-    lse = m + float(np.log(e.sum(dtype=np.float64)))  # before the draw, which may zero entries of e
     # raw / 1 == raw, so at temperature 1 the draw's weights exp(masked - max(masked)) are exactly e, with 0
     # (exp(-inf)) where a whole-vocabulary mask (a Harmony body's "any ordinary token") rules ids out, as long
     # as it keeps the best token: e times the mask's 0/1 flags, no masked copy of the vocabulary. (A mask that
     # rules the first best id out takes the general path, which computes the same weights.)
     plain = params.temperature == 1.0 and not penalized and subset is None
+    want_logprobs = params.logprobs or params.top_logprobs > 0
+    lse: float | None = None
+    if plain or want_logprobs:  # otherwise (greedy, other temperatures) e serves only the logprob
+        best, m, e = _exp_shifted(raw)
+        if want_logprobs:
+            lse = m + float(np.log(e.sum(dtype=np.float64)))  # before the draw, which may zero entries of e
     flags = _allowed_flags(allowed, raw.shape[0]) if plain and allowed is not None else None
     if plain and (allowed is None or _keeps(flags, best)):
         if flags is not None:
@@ -244,9 +248,9 @@ def sample(
             token = _choose(masked, params, draw_uniform(params.seed, token_index))
     if subset is not None:
         token = int(subset[token])
-    logprob = float(raw[token]) - lse
+    logprob = None if lse is None else float(raw[token]) - lse
     top: tuple[tuple[int, float], ...] = ()
-    if params.top_logprobs > 0:
+    if lse is not None and params.top_logprobs > 0:
         ids = _top_n(raw, params.top_logprobs)
         top = tuple((int(i), float(raw[i]) - lse) for i in ids)
     return TokenOutput(token_id=token, logprob=logprob, top_logprobs=top)
