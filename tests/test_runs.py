@@ -146,8 +146,10 @@ async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
     if step_delay < interval:
         assert len(starts) < steps * 0.6, f"{len(starts)} commits for {steps} fast steps"
         # Most, not all: what must see the log whole (admission, the idle loop once the run ended)
-        # commits what is queued at once.
-        assert statistics.median(gaps) >= interval * 0.99, gaps
+        # commits what is queued at once. Timed inside the commit task, whose start lags the supervisor's
+        # own clock reading by the loop's scheduling jitter (a loaded machine: 9.89 ms medians seen for
+        # 10 ms); ungrouped 1 ms steps would give gaps near 1 ms.
+        assert statistics.median(gaps) >= interval * 0.9, gaps
     else:
         assert len(starts) >= steps * 0.75, f"{len(starts)} commits for {steps} slow steps"
     # Steps committed together have their deltas folded: fewer delta events than tokens when fast, one per
