@@ -216,11 +216,11 @@ def build_contrib_graph(
         x = linear(act, p + "mlp.down_proj", w[p + "mlp.down_proj.weight"])
 
     # Only the last position's logits: slice before the final norm and the (large) head.
-    last = g.op("Slice", [x, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
-    last_res = g.op("Slice", [residual, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
+    last = g.last_position(x)
+    last_res = g.last_position(residual)
     hdn, _ = skip_norm(last, last_res, "model.norm.weight")
     if zero_points is not None:  # linear() reads it when called: the head's rows are the last positions
-        zero_points = g.op("Slice", [zero_points, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
+        zero_points = g.last_position(zero_points)
     head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
     logits = linear(hdn, "lm_head", head)
     if "lm_head.bias" in w:  # e.g. a model trained on part of the vocabulary: -1e4 for ids it never wrote

@@ -159,8 +159,8 @@ def build_gptoss_graph(
         moe = experts(flat, router, p + "mlp.experts.")
         x = g.op("Reshape", [moe, g.op("Shape", [hdn])])
 
-    last = g.op("Slice", [x, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
-    last_res = g.op("Slice", [residual, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
+    last = g.last_position(x)
+    last_res = g.last_position(residual)
     hdn, _ = skip_norm(last, last_res, "model.norm.weight")
     logits = linear(hdn, "lm_head", w["lm_head.weight"])
     g.op_named("Identity", [logits], ["logits"])

@@ -111,7 +111,7 @@ def build_standard_graph(
         outputs += [pk, pv]
 
     if not all_logits:  # decode and prefill only ever need the last position
-        x = g.op("Slice", [x, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1])])
+        x = g.last_position(x)
     x = rms_norm(g, x, g.weight("model.norm.weight", w["model.norm.weight"]), c.rms_norm_eps)
     g.op_named("MatMul", [x, LM_HEAD], ["logits"])
 

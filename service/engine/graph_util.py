@@ -43,6 +43,10 @@ class GraphWriter:
             self._consts[key] = self.weight(f"{self.prefix}const_{len(self._consts)}", arr)
         return self._consts[key]
 
+    def last_position(self, x: str) -> str:
+        """x [b, s, ...] sliced to its last position along axis 1, [b, 1, ...] (what the head reads)."""
+        return str(self.op("Slice", [x, self.const([-1]), self.const([np.iinfo(np.int64).max]), self.const([1])]))
+
     def model(
         self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], opsets: dict[str, int]
     ) -> onnx.ModelProto:
