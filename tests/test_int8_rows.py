@@ -58,6 +58,7 @@ def rows_u8u8(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_linear_layer_is_per_row_int8_and_config_json_says_so(rows: Path) -> None:
     ops = _ops(rows)
     assert "MatMulIntegerToFloat" in ops and not ops & {"MatMulNBits", "MatMul"}
+    assert "QuantizeLinear" in ops and "Round" not in ops  # one node quantizes a row of activations
     scheme = read_config(rows).extra["quantization"]
     assert scheme["scheme"] == "rows_int8" and scheme["block_size"] == "row"
     assert scheme["qgemm"] == ("u8s8" if cpu_features().has_vnni else "u8u8")
