@@ -67,31 +67,40 @@ class ActiveRun:
 
     def write(self) -> RunWrite:
         pending, self.pending = self.pending, []
-        return RunWrite(
+        write = RunWrite(
             self.response_id,
             events=pending,
             output_ordinal_base=self.fact["input_item_count"],
             token_facts_before=self.token_facts,
         )
+        if any(e["type"] in _ROW_REFRESH_EVENTS for e in pending):
+            # `projected` already folds the regenerated events (replay_run).
+            write.projection, write.projection_through = copy.deepcopy(self.projected), pending[-1]
+        return write
 
     def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
         write.events += new_events
-        for event in new_events:
-            self.projected = apply(self.projected, event)
-        if any(e["type"] in _ROW_REFRESH_EVENTS for e in write.events):
-            # A snapshot: the write may be committed after later deltas changed `projected`.
-            write.projection = copy.deepcopy(self.projected)
+        self._fold(write, new_events)
         write.terminal = self.builder.finished
+
+    def _fold(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
+        """Fold `new_events` into `projected`, snapshotting it for the row at the last refresh event among them:
+        the row is stored with that event's position, and later events of the same write (or of steps merged
+        into it before its commit) are folded by readers from the log."""
+        last_refresh = max((i for i, e in enumerate(new_events) if e["type"] in _ROW_REFRESH_EVENTS), default=-1)
+        for index, event in enumerate(new_events):
+            self.projected = apply(self.projected, event)
+            if index == last_refresh:
+                write.projection, write.projection_through = copy.deepcopy(self.projected), event
 
     def record_joined(self, write: RunWrite, token_fact: dict[str, Any], new_events: list[dict[str, Any]]) -> None:
         """Record one step's token and events into `write`'s open group (queued, not yet committed)."""
         assert write.group_start is not None
         write.join_group(token_fact)
-        for event in new_events:
-            self.projected = apply(self.projected, event)
+        # Folding only merges a leading delta and renumbers what follows it in place: a refresh event keeps
+        # its identity, and the commit reads its final sequence number.
+        self._fold(write, new_events)
         self.builder.fold_into(write.events, new_events, group_start=write.group_start)
-        if any(e["type"] in _ROW_REFRESH_EVENTS for e in new_events):
-            write.projection = copy.deepcopy(self.projected)
 
     def finish(self, write: RunWrite, ending: Ending, error: dict[str, str] | None = None) -> None:
         try:

@@ -18,7 +18,10 @@ from service.commands import Commands
 from service.config import Settings
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
+from service.projection import project
+from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import parse_create_request
+from service.run_state import replay_run
 from service.runs import WARM_EVERY_TOKENS, RunSupervisor
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
@@ -353,6 +356,44 @@ async def test_a_sequence_conflict_drops_only_that_run(harness: Harness) -> None
     assert outcome.lost == {first}
     assert [e["sequence_number"] for e in await _events(harness, second)] == [0, 1, 2]
     assert [e["sequence_number"] for e in await _events(harness, first)] == [0, 1]
+
+
+@pytest.mark.parametrize("later_step", ["merged", "joined"])
+async def test_the_row_keeps_its_snapshots_position_when_later_steps_join_its_write(
+    harness: Harness, later_step: str
+) -> None:
+    """A write's row snapshot (taken at an item's end) can be followed, before the write commits, by later steps'
+    events: a write merged into it while the store was slow, or steps joining its group. The row is stored with
+    the position of the snapshot's own event, so a GET (row + the log after its position) sees every event once.
+    Stored with the write's last position, it lacked the new item, and the next delta made the GET raise
+    IndexError (a 500 seen after a restart in test_kill_9_during_a_call_retries_it_once_with_its_key)."""
+    rid = await _create(harness)
+    async with harness.db.begin() as connection:
+        await connection.execute(sa.text("UPDATE runs SET owner = 'worker-a', lease_expires_at = 1e12"))
+        request = next(f.data for f in await event_log.read_facts(connection, rid) if f.kind == "request")
+    run = replay_run(rid, request, [], await _events(harness, rid), CharFormat(), None)
+
+    def step(write: recorder.RunWrite, *chunks: Any) -> None:
+        write.facts.append(("tokens", {"ids": [1]}))
+        write.group_start = len(write.events)
+        run.record(write, run.builder.feed(list(chunks)))
+
+    first = run.write()  # response.in_progress
+    step(first, ItemStarted("message"), ItemDelta("a"))
+    step(first, ItemEnded())  # output_item.done: the row's snapshot
+    if later_step == "merged":
+        later = run.write()
+        step(later, ItemStarted("message"), ItemDelta("b"))
+        first.merge(later)
+    else:
+        run.record_joined(first, {"ids": [2]}, run.builder.feed([ItemStarted("message"), ItemDelta("b")]))
+    await recorder.commit_step(harness.db, "worker-a", [first], lease_seconds=30)
+    last = run.write()
+    step(last, ItemDelta("c"))  # a delta of the new item, after the row's position
+    await recorder.commit_step(harness.db, "worker-a", [last], lease_seconds=30)
+    got = await harness.commands.get(rid, project=DEFAULT_PROJECT)
+    assert got == project(await _events(harness, rid))
+    assert [item["content"][0]["text"] for item in got["output"]] == ["a", "bc"]
 
 
 async def test_an_engine_error_is_not_labelled_a_context_overflow(

@@ -73,14 +73,22 @@ async def append_events_of_runs(
 ) -> dict[str, int]:
     """append_events for several responses in one statement (a group commit); response id -> the
     position of its last event (responses with no events are absent)."""
-    return await append_encoded(
+    positions = await append_encoded(
         connection, [event_codec.encode_event(response_id, event) for response_id, evs in runs for event in evs]
     )
+    last: dict[str, int] = {}
+    for (response_id, _), position in positions.items():
+        last[response_id] = max(position, last.get(response_id, 0))
+    return last
 
 
-async def append_encoded(connection: AsyncConnection, encoded: Sequence[event_codec.EncodedEvent]) -> dict[str, int]:
+# (response id, sequence number) -> the log position an appended event got.
+Positions = dict[tuple[str, int], int]
+
+
+async def append_encoded(connection: AsyncConnection, encoded: Sequence[event_codec.EncodedEvent]) -> Positions:
     """append_events_of_runs for events already serialized (the writer serializes each event once, for
-    the log and for its live readers)."""
+    the log and for its live readers); the position of each."""
     if not encoded:
         return {}
     now = datetime.now(UTC)
@@ -95,14 +103,13 @@ async def append_encoded(connection: AsyncConnection, encoded: Sequence[event_co
         for event in encoded
     ]
     try:
-        result = await connection.execute(sa.insert(events).returning(events.c.response_id, events.c.position), rows)
+        result = await connection.execute(
+            sa.insert(events).returning(events.c.response_id, events.c.sequence_number, events.c.position), rows
+        )
     except IntegrityError as exc:
         ids = ", ".join(sorted({event.response_id for event in encoded}))
         raise SequenceConflict(f"sequence numbers of {ids} already taken") from exc
-    last: dict[str, int] = {}
-    for response_id, position in result:
-        last[response_id] = max(position, last.get(response_id, 0))
-    return last
+    return {(response_id, sequence_number): position for response_id, sequence_number, position in result}
 
 
 def live(event: event_codec.EncodedEvent) -> StoredEvent:

@@ -25,8 +25,10 @@ class RunWrite:
     response_id: str
     facts: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (kind, data)
     events: list[dict[str, Any]] = field(default_factory=list)
-    # The run's projected Response after these events, when the row should be refreshed.
+    # The run's projected Response when the row should be refreshed, folded through `projection_through`,
+    # one of `events` (the row is stored with that event's position; readers fold what follows it).
     projection: dict[str, Any] | None = None
+    projection_through: dict[str, Any] | None = None
     output_ordinal_base: int = 0  # ordinal of output item 0 in conversation_items
     terminal: bool = False
     # Token ids the run had in the log (or queued before this write) when this write began:
@@ -54,7 +56,8 @@ class RunWrite:
         self.group_start = None if later.group_start is None else len(self.events) + later.group_start
         self.facts += later.facts
         self.events += later.events
-        self.projection = later.projection if later.projection is not None else self.projection
+        if later.projection is not None:
+            self.projection, self.projection_through = later.projection, later.projection_through
         self.terminal = self.terminal or later.terminal
 
 
@@ -143,7 +146,7 @@ async def _commit(
         )
         positions = await event_log.append_encoded(connection, [e for w in kept for e in w.encoded_events()])
         for write in kept:
-            await _apply_write(connection, write, positions.get(write.response_id, 0))
+            await _apply_write(connection, write, positions)
         return owned, lost, kept
 
     try:
@@ -157,11 +160,14 @@ async def _commit(
     return StepOutcome(owned, lost)
 
 
-async def _apply_write(connection: Any, write: RunWrite, position: int) -> None:
-    """The read models of a write whose facts and events are appended (`position`: its last event's)."""
+async def _apply_write(connection: Any, write: RunWrite, positions: event_log.Positions) -> None:
+    """The read models of a write whose facts and events are appended (`positions`: of every appended event)."""
     rid = write.response_id
     await read_models.insert_output_items(connection, rid, write.events, input_item_count=write.output_ordinal_base)
-    if write.projection is not None and position:
+    if write.projection is not None and write.projection_through is not None:
+        # The snapshot's own position, not the write's last: events after it (later steps merged into this
+        # write) are not in the snapshot, and a reader folds the log after the row's position onto it.
+        position = positions[(rid, write.projection_through["sequence_number"])]
         await read_models.update_response(connection, write.projection, position=position)
     if write.terminal:
         await leases.mark_done(connection, rid)
