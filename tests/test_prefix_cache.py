@@ -136,6 +136,45 @@ def test_a_newcomer_ends_the_warming_and_keeps_what_it_did(contrib_int8_dir: Pat
     assert not engine.warm(64) and cache.warmed_tokens == 4
 
 
+def test_a_newcomer_takes_over_the_warming_sequence_and_samples_what_a_cold_engine_does(
+    contrib_int8_dir: Path,
+) -> None:
+    """The next turn arriving while its start is being warmed takes the warming sequence's slot, rows and all (no
+    copy through the cache), prefills the rest, and samples exactly what a cold engine samples."""
+    engine = OnnxEngine(contrib_int8_dir, intra_op_threads=1, prefix_cache_bytes=64 << 20)
+    engine.add_sequence("a", prompt(6), SamplingParams(max_new_tokens=20, temperature=1.0, seed=5))
+    tokens = []
+    while engine.active_sequence_ids():
+        tokens.append(engine.step()["a"].token_id)
+    history = prompt(6) + tokens
+    engine.warm_prefix(history)
+    assert engine.warm(4)  # the first turn's prompt from the cache, 4 more rows prefilled, more to do
+    warming = engine._warming
+    assert warming is not None and warming.prefilled == 6 + 4
+    slot = warming.slot
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.95, seed=3, top_logprobs=2)
+    next_turn = history + prompt(3, start=40)
+    engine.add_sequence("b", next_turn, params)
+    taken = engine._seqs["b"]
+    assert engine._warming is None and taken.slot == slot and taken.length == 10, "the warmed rows stay in place"
+    cache = engine.prefix_cache
+    assert cache is not None and cache.reused_tokens == 10  # a run's reuse (warming's own is not counted)
+    assert cache.match(next_turn)[0] == 6, "the warmed rows were not copied into the cache (only turn 1's prompt)"
+    cold = OnnxEngine(contrib_int8_dir, intra_op_threads=1)
+    cold.add_sequence("b", next_turn, params)
+
+    def sampled(eng: OnnxEngine) -> list[tuple[int, float | None, tuple[tuple[int, float], ...]]]:
+        out = []
+        while eng.active_sequence_ids():
+            token = eng.step()["b"]
+            out.append((token.token_id, token.logprob, token.top_logprobs))
+        return out
+
+    assert sampled(engine) == sampled(cold)
+    # Its rows, the warmed ones included, go to the cache when it ends.
+    assert cache.match(next_turn)[0] >= len(next_turn) - 1
+
+
 def _turn_warmed_as_it_decodes(
     engine: OnnxEngine, ids: list[int], seq_id: str, *, every: int
 ) -> list[tuple[int, float | None]]:

@@ -251,18 +251,21 @@ class OnnxEngine:
         vocab = self.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"token id out of range for vocabulary of {vocab}")
-        self._end_warming()  # a newcomer has the engine: what is warmed so far goes to the prefix cache
         seq = _Sequence(params, constraint, [], 0, len(generated_ids), np.empty(0, np.float32))
         seq.pending, seq.prompt_len = [int(t) for t in ids], len(prompt_ids)
         if params.frequency_penalty or params.presence_penalty:
             for token in generated_ids:
                 seq.counts[token] = seq.counts.get(token, 0) + 1
-        self._acquire(seq)
-        try:
-            self._reuse_prefix(seq, list(prompt_ids))  # rows before seq.length come from the prefix cache
-        except BaseException:
-            self._release(seq)
-            raise
+        # A newcomer has the engine: warming ends, its sequence handed over when the prompt starts with its rows,
+        # else cached.
+        if not self._adopt_warming(seq, list(prompt_ids)):
+            self._end_warming()
+            self._acquire(seq)
+            try:
+                self._reuse_prefix(seq, list(prompt_ids))  # rows before seq.length come from the prefix cache
+            except BaseException:
+                self._release(seq)
+                raise
         self._seqs[seq_id] = seq  # prefilled by the next steps (see _prefill_some)
 
     def step(self) -> dict[str, TokenOutput]:
@@ -530,6 +533,26 @@ class OnnxEngine:
         self._acquire(seq)
         self._reuse_prefix(seq, ids, count_hit=False)
         self._reuse_live_prefix(seq, ids)
+
+    def _adopt_warming(self, seq: _Sequence, ids: list[int]) -> bool:
+        """Give `seq` the warming sequence's slot when the prompt `ids` starts with more of its rows than the prefix
+        cache holds (the conversation's next turn, come while or after it was warmed): its rows stay where they
+        are, instead of being copied into the cache and from there into a new slot (two copies of the whole
+        conversation's keys and values, tens of ms at a few thousand tokens). As a reuse does, it leaves the
+        last 2+ tokens to prefill."""
+        warming, cache = self._warming, self.prefix_cache
+        if warming is None or cache is None:
+            return False
+        kept = min(self._rows_kept_for(warming, ids), len(ids) - 2)
+        if kept <= 0 or kept < cache.match(ids)[0]:
+            return False
+        self._to_warm.clear()
+        self._warming = None
+        seq.slot, self._slots[warming.slot] = warming.slot, seq
+        seq.length = seq.prefilled = kept  # rows past it are stale, bounded by seqlens and overwritten
+        seq.tokens = warming.tokens[:kept]
+        cache.note_hit(kept)
+        return True
 
     def _end_warming(self) -> None:
         self._to_warm.clear()
