@@ -658,6 +658,14 @@ class RunSupervisor:
         snapshot = [*outputs[:-1], copy.deepcopy(outputs[-1])]  # only the last item still changes
         self._warm_now.append(functools.partial(run.partial_turn.prefix, snapshot))
 
+    def _newcomer_waiting(self) -> bool:
+        """In the engine thread: whether a run was created (or a cancel asked) since the loop last admitted. Warming
+        then waits: a run of warming started now would delay the newcomer's prefill by a whole run (tens of ms at
+        batch 1, mostly the pass over the weights), while the same tokens cost little more inside its own run
+        (the prefix it shares with the warming is taken from the rows already warmed). The event's flag is a
+        plain attribute, safe to read from this thread."""
+        return self._wake.is_set()
+
     def _render_queued(self, renders: collections.deque[Callable[[], list[int]]]) -> None:
         """In the engine thread: render the queued next turns, handing them to the engine to warm."""
         while renders:
@@ -670,6 +678,8 @@ class RunSupervisor:
     def _warm_some(self) -> bool:
         """In the engine thread while no run is active: render the queued next turns, then prefill a chunk
         of them (engine.warm); True while work is left."""
+        if self._newcomer_waiting():
+            return True
         self._render_queued(self._warm_now)
         self._render_queued(self._to_warm)
         return self.runtime.engine.warm(WARM_CHUNK_TOKENS)
@@ -679,7 +689,7 @@ class RunSupervisor:
         waits for an idle engine); True while work is left. A failure drops the warming, never the step.
         The warming sequence takes a KV slot of its own, so it waits while the active runs fill the admission
         budget (a newcomer's add_sequence ends it, so it never holds a slot a run was admitted to)."""
-        if len(self.runtime.engine.active_sequence_ids()) >= self.max_active:
+        if len(self.runtime.engine.active_sequence_ids()) >= self.max_active or self._newcomer_waiting():
             return True
         self._render_queued(self._warm_now)
         try:

@@ -22,7 +22,7 @@ from service.projection import project
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import parse_create_request
 from service.run_state import replay_run
-from service.runs import WARM_EVERY_TOKENS, RunSupervisor
+from service.runs import WARM_CHUNK_TOKENS, WARM_EVERY_TOKENS, RunSupervisor
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT
@@ -271,6 +271,28 @@ async def test_warming_beside_decoding_waits_while_the_active_runs_fill_the_budg
     # Only the newest render queued while the budget was full, handed over once the run had left the engine.
     assert [decoding for _, decoding in engine.warmed] == [False] * len(engine.warmed)
     assert engine.warmed[-1] == ("hi " + engine.script + "more " + engine.script, False)
+
+
+async def test_warming_waits_while_a_newcomer_is_waiting(harness: Harness) -> None:
+    """Once a run is created (the loop woken, not yet admitted), no warming starts, idle or beside a decoding run:
+    its queued renders stay queued and the newcomer's prefill is not put behind a run of warming."""
+    engine = _WarmRecordingEngine(harness.engine.script, step_delay=0.002)
+    chunks: list[int] = []
+
+    def warm(max_tokens: int) -> bool:
+        chunks.append(max_tokens)
+        return False
+
+    engine.warm = warm  # type: ignore[method-assign]
+    supervisor = harness.supervisor
+    supervisor.runtime.engine = engine
+    supervisor._warm_now.append(lambda: [ord(c) for c in "next turn"])
+    supervisor.wake()  # as commands.create does once the new run is committed
+    assert supervisor._warm_some() and supervisor._warm_beside(16), "work left for later"
+    assert engine.warmed == [] and chunks == [] and len(supervisor._warm_now) == 1
+    supervisor._wake.clear()  # the loop has seen it and admitted the newcomer
+    assert not supervisor._warm_some()
+    assert engine.warmed == [("next turn", False)] and chunks == [WARM_CHUNK_TOKENS]
 
 
 async def _has(items: list[Any], n: int) -> bool:
