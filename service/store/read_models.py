@@ -22,7 +22,7 @@ from service.store.event_log import encode, read_events
 from service.store.schema import DEFAULT_PROJECT, conversation_items, responses
 
 
-def owned(table: sa.Table, project: str | None) -> sa.ColumnElement[bool]:
+def owned(table: sa.FromClause, project: str | None) -> sa.ColumnElement[bool]:
     """The ownership check, put inside the WHERE of every query a client's request runs: rows of
     another project are simply not found (the same 404 as an unknown id). `None` is the operator
     (CLI, rebuild, the run supervisor), who sees every project. A new owned table (conversations)
@@ -131,18 +131,30 @@ async def list_items(
 async def conversation_history(
     connection: AsyncConnection, response_id: str, *, project: str | None
 ) -> list[dict[str, Any]]:
-    """Every item of the chain ending at `response_id` (inputs and outputs), oldest first."""
-    chain: list[str] = []
-    current: str | None = response_id
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = await connection.scalar(
-            sa.select(responses.c.previous_response_id).where(responses.c.id == current, owned(responses, project))
+    """Every item of the chain ending at `response_id` (inputs and outputs), oldest first: one query, the chain
+    walked by a recursive CTE (a statement per link made turn n's request pay 2n round trips)."""
+    start = sa.select(responses.c.id, responses.c.previous_response_id, sa.literal(0).label("depth")).where(
+        responses.c.id == response_id, owned(responses, project)
+    )
+    chain = start.cte("chain", recursive=True)
+    earlier = responses.alias("earlier")
+    chain = chain.union_all(
+        sa.select(earlier.c.id, earlier.c.previous_response_id, chain.c.depth + 1).where(
+            earlier.c.id == chain.c.previous_response_id,
+            owned(earlier, project),
+            chain.c.depth < _MAX_CHAIN,  # ids are random, so a cycle cannot be made; the bound is cheap anyway
         )
-    history: list[dict[str, Any]] = []
-    for rid in reversed(chain):
-        history += await list_items(connection, rid, project=project)
-    return history
+    )
+    query = (
+        sa.select(conversation_items.c.data)
+        .join(chain, chain.c.id == conversation_items.c.response_id)
+        .order_by(chain.c.depth.desc(), conversation_items.c.ordinal)
+    )
+    return [json.loads(data) for (data,) in await connection.execute(query)]
+
+
+# Links of a previous_response_id chain that conversation_history follows.
+_MAX_CHAIN = 100_000
 
 
 async def delete_projections(connection: AsyncConnection, response_id: str) -> None:
