@@ -135,18 +135,31 @@ async def test_one_write_extends_every_remembered_chunk_in_one_statement(db: Asy
     async with db.begin() as connection:
         await token_facts.append_tokens(connection, "resp_3", [{"ids": [2]}], datetime.now(UTC))
     updates: list[int] = []
+    selects = 0
 
     def record(_conn: object, _cursor: object, statement: str, params: object, *_args: object) -> None:
-        if statement.lstrip().upper().startswith("UPDATE") and "run_facts" in statement:
-            updates.append(len(params) if isinstance(params, list) else 1)
+        nonlocal selects
+        if "run_facts" not in statement:
+            return
+        if statement.lstrip().upper().startswith("UPDATE"):
+            if isinstance(params, list):  # an executemany: a row of parameters per chunk
+                updates.append(len(params))
+            else:  # one statement: PostgreSQL's takes the chunks as arrays (positional $1..$4), others one row
+                arrays = [value for value in params if isinstance(value, list)] if isinstance(params, tuple) else []
+                updates.append(len(arrays[0]) if arrays else 1)
+        elif statement.lstrip().upper().startswith("SELECT"):
+            selects += 1
 
     sa.event.listen(db.sync_engine, "before_cursor_execute", record)
     try:
         await _step(db, [(rid, "tokens", {"ids": [3]}) for rid in runs], chunks)
     finally:
         sa.event.remove(db.sync_engine, "before_cursor_execute", record)
-    # One executemany for the five remembered chunks, then resp_3 alone by reading the log.
+    # One statement for the five remembered chunks, then resp_3 alone by reading the log.
     assert updates == [5, 1], updates
+    # PostgreSQL's statement says which chunks it extended: only resp_3's fallback reads (SQLite's executemany
+    # counts its rows, and a count short of five sends it to see which ones landed).
+    assert selects == (1 if db.dialect.name == "postgresql" else 2), selects
     for rid in runs:
         expected = [1, 2, 3] if rid == "resp_3" else [1, 3]
         assert await _facts(db, rid) == [("tokens", {"ids": expected})]

@@ -72,6 +72,16 @@ _EXTEND = (
     )
     .values(data=sa.bindparam("new"))
 )
+# _EXTEND for many runs in one statement that says which rows it changed: asyncpg cannot count an executemany's
+# rows, and reading the chunks back to find out cost a second round trip and every chunk's bytes.
+_EXTEND_RETURNING = sa.text(
+    "UPDATE run_facts AS f SET data = v.new"
+    " FROM unnest(CAST(:chunks AS bigint[]), CAST(:olds AS text[]), CAST(:runs AS text[]), CAST(:news AS text[]))"
+    " AS v(chunk, old, run, new)"
+    " WHERE f.position = v.chunk AND f.data = v.old"
+    " AND NOT EXISTS (SELECT 1 FROM run_facts AS later WHERE later.response_id = v.run AND later.position > v.chunk)"
+    " RETURNING f.position"
+)
 
 
 @dataclass(frozen=True)
@@ -164,8 +174,9 @@ async def append_token_groups(
     chunks: TokenChunks | None = None,
 ) -> None:
     """Log one write's `tokens` facts of many runs (`append_tokens` for each), extending every remembered
-    chunk in one executemany: one round trip per group commit, not one per run. The guard still decides
-    each row; the rows it refused (a stale memory) go the way of `append_tokens` without memory."""
+    chunk in one statement (PostgreSQL) or one executemany (SQLite): one round trip per group commit, not
+    one per run. The guard still decides each row; the rows it refused (a stale memory) go the way of
+    `append_tokens` without memory."""
     extends: list[tuple[str, Chunk, Chunk]] = []  # (run, as remembered, as extended)
     for response_id, facts in groups.items():
         known = chunks.get(response_id) if chunks is not None else None
@@ -177,27 +188,42 @@ async def append_token_groups(
     if not extends:
         return
     assert chunks is not None
-    params = [{"chunk": old.position, "old": old.data, "run": rid, "new": new.data} for rid, old, new in extends]
-    result = await connection.execute(_EXTEND, params)
-    counted = len(extends) == 1 or connection.dialect.supports_sane_multi_rowcount
-    if counted and result.rowcount == len(extends):
-        applied = {rid for rid, _, _ in extends}
-    elif len(extends) == 1:
-        applied = set()
-    else:  # some guard refused, or the driver cannot count an executemany's rows (asyncpg): see what landed
-        rows = await connection.execute(
-            sa.select(run_facts.c.position, run_facts.c.data).where(
-                run_facts.c.position.in_([old.position for _, old, _ in extends])
-            )
-        )
-        stored = {position: data for position, data in rows}
-        applied = {rid for rid, old, new in extends if stored.get(old.position) == new.data}
+    applied = await _extend(connection, extends)
     for response_id, _, new in extends:
         if response_id in applied:
             chunks.remember(response_id, new)
         else:
             chunks.forget([response_id])
             await append_tokens(connection, response_id, groups[response_id], now, chunks)
+
+
+async def _extend(connection: AsyncConnection, extends: Sequence[tuple[str, Chunk, Chunk]]) -> set[str]:
+    """Extend the remembered chunks (run, as remembered, as extended) under _EXTEND's guard; the runs whose
+    chunk it extended."""
+    if connection.dialect.name == "postgresql":
+        arrays = {
+            "chunks": [old.position for _, old, _ in extends],
+            "olds": [old.data for _, old, _ in extends],
+            "runs": [rid for rid, _, _ in extends],
+            "news": [new.data for _, _, new in extends],
+        }
+        changed = set((await connection.execute(_EXTEND_RETURNING, arrays)).scalars())
+        return {rid for rid, old, _ in extends if old.position in changed}
+    rows = [{"chunk": old.position, "old": old.data, "run": rid, "new": new.data} for rid, old, new in extends]
+    result = await connection.execute(_EXTEND, rows)
+    if len(extends) == 1 or connection.dialect.supports_sane_multi_rowcount:
+        if result.rowcount == len(extends):
+            return {rid for rid, _, _ in extends}
+        if len(extends) == 1:
+            return set()
+    # Some guard refused, or the driver cannot count an executemany's rows: see what landed.
+    landed = await connection.execute(
+        sa.select(run_facts.c.position, run_facts.c.data).where(
+            run_facts.c.position.in_([old.position for _, old, _ in extends])
+        )
+    )
+    stored = {position: data for position, data in landed}
+    return {rid for rid, old, new in extends if stored.get(old.position) == new.data}
 
 
 async def count_tokens(connection: AsyncConnection, response_ids: Sequence[str]) -> dict[str, int]:
