@@ -150,3 +150,31 @@ def test_batched_run_resumes_at_batch_one(contrib_int8_dir: Path) -> None:
     resumed = OnnxEngine(contrib_int8_dir, intra_op_threads=1)
     resumed.add_sequence("r", prompt(8, start=2), params, generated_ids=full["s2"][:7])
     assert run_to_end(resumed)["r"] == full["s2"][7:]
+
+
+def test_decode_runs_keep_their_binding_until_the_pool_changes(contrib_int8_dir: Path) -> None:
+    """A decode run rebinds only its inputs: the KV tensors of its slots stay bound between runs, until the pool
+    replaces its arrays (it grew for newcomers, or emptied when idle), when they are bound again. The tokens are
+    those of an engine that decodes the sequence alone."""
+    alone = OnnxEngine(contrib_int8_dir, intra_op_threads=1)
+    alone.add_sequence("a", prompt(8), _sampled(16, seed=2))
+    expected = run_to_end(alone)["a"]
+
+    eng = OnnxEngine(contrib_int8_dir, intra_op_threads=1)
+    eng.add_sequence("a", prompt(8), _sampled(16, seed=2))
+    tokens = [eng.step()["a"].token_id for _ in range(4)]
+    bound = eng._bound[(0, 1)]
+    tokens.append(eng.step()["a"].token_id)
+    assert eng._bound[(0, 1)] is bound  # the same binding, run again
+    generation = eng._pool.generation
+    eng.add_sequence("b", prompt(5, start=3), greedy(6))  # the pool grows: new arrays
+    eng.add_sequence("c", prompt(6, start=7), greedy(6))
+    while eng.active_sequence_ids():
+        step = eng.step()
+        if "a" in step:
+            tokens.append(step["a"].token_id)
+    assert eng._pool.generation > generation and tokens == expected
+    eng.add_sequence("d", prompt(8), _sampled(16, seed=2))  # the pool was cleared when idle: bound again
+    again = [eng.step()["d"].token_id for _ in range(3)]
+    assert eng._bound[(0, 1)] is not bound and eng._bound[(0, 1)].generation == eng._pool.generation
+    assert again + run_to_end(eng)["d"] == expected

@@ -75,6 +75,9 @@ _REPLAY_COST = 16
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 # Prompts warm_prefix() keeps for warm() to prefill (the most recent ones).
 _WARM_QUEUE = 4
+# Decode bindings kept (one per run of slots a decode step takes: batch sizes, chunks past max_batch, slots of
+# sequences decoded alone); past it they are dropped and bound again as needed.
+_BOUND_RUNS = 64
 # A prompt to warm that starts with all but this many of the warming sequence's rows retargets it (see warm).
 _RETARGET_SLACK = 8
 
@@ -118,6 +121,7 @@ class _SlotPool:
         self.dtype = np.dtype(dtype)
         self.arrays: list[np.ndarray] = []
         self.capacity = 0
+        self.generation = 0  # bumped whenever `arrays` are replaced: bindings to the old ones are stale
 
     def ensure(self, capacity: int, live: list[tuple[int, int]]) -> None:
         """Room for `capacity` slots; `live` are (slot, filled length) pairs to keep."""
@@ -129,9 +133,11 @@ class _SlotPool:
             for slot, length in live:
                 new[slot, :, :length] = old[slot, :, :length]  # a window cache's resident rows are a prefix
         self.arrays, self.capacity = arrays, new_cap
+        self.generation += 1
 
     def clear(self) -> None:
         self.arrays, self.capacity = [], 0
+        self.generation += 1
 
     def move(self, src: int, dst: int, length: int) -> None:
         for arr in self.arrays:
@@ -149,6 +155,25 @@ class _SlotPool:
             ptr = arr[first].ctypes.data
             io.bind_input(past, "cpu", 0, self.dtype.type, shape, ptr)
             io.bind_output(present, "cpu", 0, self.dtype.type, shape, ptr)  # written in place
+
+
+@dataclass
+class _BoundRun:
+    """An IOBinding with a run of the pool's slots bound in place (as of the pool's `generation`) and the logits
+    buffer its runs write (see OnnxEngine._bound_run)."""
+
+    generation: int
+    io: ort.IOBinding
+    logits: np.ndarray
+
+
+def _float_logits_width(session: ort.InferenceSession, name: str) -> int | None:
+    """The vocabulary axis of a float32 logits output, when the graph states it (else None: bound per run)."""
+    for output in session.get_outputs():
+        if output.name == name and output.type == "tensor(float)" and output.shape:
+            width = output.shape[-1]
+            return width if isinstance(width, int) and width > 0 else None
+    return None
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -201,6 +226,9 @@ class OnnxEngine:
             (lay.kv_heads, windows.get(i // 2, self.max_context), lay.head_dim) for i in range(len(lay.past_names))
         ]
         self._pool = _SlotPool(shapes, lay.kv_dtype)
+        # Decode runs' bindings, by (first slot, rows): the pool's tensors stay bound between runs (see _bound_run).
+        self._bound: dict[tuple[int, int], _BoundRun] = {}
+        self._logits_width = _float_logits_width(self.session, lay.logits_name) if lay.shared_buffer else None
         self._slots: list[_Sequence] = []  # shared-buffer layout: _slots[i].slot == i
         # Largest batch one decode run takes (more active sequences run in several batches). 1 where this
         # CPU's kernels would give a row other bits in a batch than alone, which a resume at batch 1 needs.
@@ -590,6 +618,27 @@ class OnnxEngine:
                 self._pool.clear()  # idle: give the cache's pages back
         seq.past = []
 
+    def _bound_run(self, first: int, rows: int) -> _BoundRun | None:
+        """The binding of a one-token run over slots first..first+rows-1 (shared-buffer graphs with float32 logits of
+        a known width): their KV tensors bound in place and a logits buffer of its own, kept while the pool keeps its
+        arrays, so that a decode step binds only its inputs (binding 48 tensors and wrapping every output after
+        the run cost ~0.5 ms a step, ~2% of a Qwen-shape step at batch 1). A run's logits stay in its buffer until
+        the same slots' next one-token run, which comes after the step that draws from them."""
+        if self._logits_width is None:
+            return None
+        pool, lay = self._pool, self.layout
+        bound = self._bound.get((first, rows))
+        if bound is not None and bound.generation == pool.generation:
+            return bound
+        if len(self._bound) >= _BOUND_RUNS:
+            self._bound.clear()
+        io = self.session.io_binding()
+        logits = np.empty((rows, 1, self._logits_width), dtype=np.float32)
+        io.bind_output(lay.logits_name, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        pool.bind(io, lay.past_names, lay.present_names, first, rows)
+        bound = self._bound[(first, rows)] = _BoundRun(pool.generation, io, logits)
+        return bound
+
     def _decode_batch(self, batch: list[tuple[_Sequence, int]]) -> None:
         """One token for each of `batch` (consecutive slots) in one run of the shared-buffer graph."""
         if len(batch) == 1:
@@ -600,7 +649,8 @@ class OnnxEngine:
         first, rows = seqs[0].slot, len(seqs)
         assert [s.slot for s in seqs] == list(range(first, first + rows))
         lengths = np.array([s.length for s in seqs], dtype=np.int64)
-        io = self.session.io_binding()
+        bound = self._bound_run(first, rows)
+        io = bound.io if bound is not None else self.session.io_binding()
         io.bind_cpu_input("input_ids", np.array([[tok] for _, tok in batch], dtype=np.int64))
         if lay.has_attention_mask:  # right-padded: row b has lengths[b] + 1 ones
             total = int(lengths.max()) + 1
@@ -609,10 +659,12 @@ class OnnxEngine:
             io.bind_cpu_input("position_ids", lengths[:, None].copy())
         if lay.has_use_cache_branch:
             io.bind_cpu_input("use_cache_branch", np.array([True]))
-        io.bind_output(lay.logits_name, "cpu")  # first: outs[0]
-        self._pool.bind(io, lay.past_names, lay.present_names, first, rows)
+        if bound is None:
+            io.bind_output(lay.logits_name, "cpu")  # first: outs[0]
+            self._pool.bind(io, lay.past_names, lay.present_names, first, rows)
         self.session.run_with_iobinding(io)
-        logits = io.get_outputs()[0].numpy()  # a fresh array each run: rows can stay views of it
+        # Rows stay views of it until the next step has drawn from them, before any run rewrites it.
+        logits = bound.logits if bound is not None else io.get_outputs()[0].numpy()
         for b, (seq, token) in enumerate(batch):
             seq.logits = logits[b, -1]
             seq.length += 1
@@ -622,7 +674,8 @@ class OnnxEngine:
         """Run ids through the model after the cached tokens; updates the cache and next-token logits."""
         lay = self.layout
         n = len(ids)
-        io = self.session.io_binding()
+        bound = self._bound_run(seq.slot, 1) if n == 1 else None  # a decoded (or replayed) token
+        io = bound.io if bound is not None else self.session.io_binding()
         io.bind_cpu_input("input_ids", np.asarray([ids], dtype=np.int64))
         if lay.has_attention_mask:
             io.bind_cpu_input("attention_mask", np.ones((1, seq.length + n), dtype=np.int64))
@@ -630,19 +683,23 @@ class OnnxEngine:
             io.bind_cpu_input("position_ids", np.arange(seq.length, seq.length + n, dtype=np.int64)[None])
         if lay.has_use_cache_branch:
             io.bind_cpu_input("use_cache_branch", np.array([seq.length > 0]))
-        io.bind_output(lay.logits_name, "cpu")  # first: outs[0]
-        if lay.shared_buffer:
-            self._pool.bind(io, lay.past_names, lay.present_names, seq.slot, 1)
+        if bound is not None:
+            self.session.run_with_iobinding(io)
+            seq.logits = bound.logits[0, -1]
         else:
-            for name, value in zip(lay.past_names, seq.past, strict=True):
-                io.bind_ortvalue_input(name, value)
-            for name in lay.present_names:
-                io.bind_output(name, "cpu")
-        self.session.run_with_iobinding(io)
-        outs = io.get_outputs()
-        seq.logits = np.asarray(outs[0].numpy()[0, -1], dtype=np.float32)
-        if not lay.shared_buffer:
-            seq.past = list(outs[1:])
+            io.bind_output(lay.logits_name, "cpu")  # first: outs[0]
+            if lay.shared_buffer:
+                self._pool.bind(io, lay.past_names, lay.present_names, seq.slot, 1)
+            else:
+                for name, value in zip(lay.past_names, seq.past, strict=True):
+                    io.bind_ortvalue_input(name, value)
+                for name in lay.present_names:
+                    io.bind_output(name, "cpu")
+            self.session.run_with_iobinding(io)
+            outs = io.get_outputs()
+            seq.logits = np.asarray(outs[0].numpy()[0, -1], dtype=np.float32)
+            if not lay.shared_buffer:
+                seq.past = list(outs[1:])
         if n >= 2 and seq.prefilled == seq.length:
             seq.prefilled += n
         seq.length += n
