@@ -200,3 +200,17 @@ def test_start_up_report(sandbox: Sandbox, tmp_path: Path) -> None:
     broken = Sandbox(sandbox.root, python=str(tmp_path / "no-python"))
     with pytest.raises(SandboxUnavailable, match="no-python is missing"):
         asyncio.run(broken.probe())
+
+
+def test_remove_deletes_a_container_and_is_idempotent(sandbox: Sandbox) -> None:
+    code = "import os; os.makedirs('d/e'); open('d/e/f', 'w').write('x'); os.symlink('/etc', 'l')"
+    assert run(sandbox, code, container="gone").exit_code == 0
+    assert (sandbox.root / "gone").is_dir()
+    sandbox.remove("gone")
+    assert not (sandbox.root / "gone").exists()
+    assert Path("/etc/passwd").exists()
+    sandbox.remove("gone")  # again: nothing to do
+    with pytest.raises(ValueError):
+        sandbox.remove("../escape")
+    with pytest.raises(ValueError):
+        sandbox.remove("")

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,7 +161,21 @@ class Sandbox:
         path.chmod(0o700)
         return path
 
-    async def run(self, container_id: str, code: str) -> SandboxResult:
+    def remove(self, container_id: str) -> None:
+        """Delete a container's work directory (idempotent); refuses ids that are not plain names."""
+        if not _CONTAINER_ID.match(container_id):
+            raise ValueError(f"bad container id {container_id!r}")
+        path = self.root / container_id
+        if path.is_symlink():  # never follow a link out of the root
+            path.unlink()
+            return
+        if not path.exists():
+            return
+        _unmount(path)
+        # rmtree walks by file descriptor without following links the sandboxed code may have left inside.
+        shutil.rmtree(path, ignore_errors=True)
+
+    async def run(self, container_id: str, code: str, *, tenant: str = "default") -> SandboxResult:
         workdir = self.workdir(container_id)
         proc = await asyncio.create_subprocess_exec(
             *self.command(workdir),
@@ -231,6 +246,13 @@ class Sandbox:
             raise SandboxUnavailable(f"sandbox probe failed: {(result.stderr or result.stdout).strip()[-300:]}")
         seccomp = "seccomp filter on" if fields[2:] == ["True"] else "NO seccomp filter (install python3-seccomp)"
         return f"bubblewrap sandbox with {self.python}, uid {fields[1]}, {seccomp}"
+
+
+def _unmount(path: Path) -> None:
+    """Unmount whatever this module mounted on a work directory (nothing when not mounted)."""
+    if os.path.ismount(path):
+        umount = shutil.which("umount") or "umount"
+        subprocess.run([umount, "-l", str(path)], check=False, capture_output=True)
 
 
 def _kill(pid: int) -> None:
