@@ -49,6 +49,10 @@ def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         part["text"] += event["delta"]
         if event.get("logprobs"):
             part.setdefault("logprobs", []).extend(copy.deepcopy(event["logprobs"]))
+    elif kind == "response.reasoning_summary_part.added":
+        output[event["output_index"]].setdefault("summary", []).append(copy.deepcopy(event["part"]))
+    elif kind == "response.reasoning_summary_text.delta":
+        output[event["output_index"]]["summary"][event["summary_index"]]["text"] += event["delta"]
     elif kind == "response.function_call_arguments.delta":
         output[event["output_index"]]["arguments"] += event["delta"]
     elif kind == "response.custom_tool_call_input.delta":

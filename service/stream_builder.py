@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, OutputKind
 from service.protocol import derived_id
+from service.reasoning_summary import summarize, summary_level
 from service.server_items import ITEM_PREFIX, ServerCall, ServerKind, classify, list_tools_item, mcp_error, new_item
 
 Event = dict[str, Any]
@@ -340,9 +341,28 @@ class StreamBuilder:
                 )
             )
             item["content"] = [part]
+            if open_item.kind == "reasoning":
+                out += self._summary(item, index, text)
         item["status"] = status
         out.append(self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item)))
         return out
+
+    def _summary(self, item: dict[str, Any], index: int, text: str) -> list[Event]:
+        """A closing reasoning item's summary part, when the request asked for one (`reasoning.summary`)."""
+        level = summary_level(self.response.get("reasoning"))
+        summary = summarize(text, level) if level else ""
+        if not summary:
+            return []
+        item_id, empty = item["id"], {"type": "summary_text", "text": ""}
+        at = {"item_id": item_id, "output_index": index, "summary_index": 0}
+        part = {"type": "summary_text", "text": summary}
+        item["summary"] = [copy.deepcopy(part)]
+        return [
+            self._event("response.reasoning_summary_part.added", **at, part=empty),
+            self._event("response.reasoning_summary_text.delta", **at, delta=summary),
+            self._event("response.reasoning_summary_text.done", **at, text=summary),
+            self._event("response.reasoning_summary_part.done", **at, part=part),
+        ]
 
     def _close_server_call(self, open_item: _OpenItem, text: str, status: str) -> list[Event]:
         """Arguments (code) complete: a call that is whole waits for its result (`pending_call`)."""
