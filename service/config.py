@@ -86,6 +86,14 @@ class Settings(BaseModel):
     sandbox_cpu_seconds: int = Field(default=5, ge=1)
     sandbox_memory_bytes: int = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)
     sandbox_processes: int = Field(default=32, ge=1)
+    # Per container: its work directory's bytes and files (a tmpfs when root, else measured while code runs);
+    # per execution: /dev/shm and /tmp sizes. Executions at once, all projects and per project (beyond: they wait).
+    sandbox_disk_bytes: int = Field(default=128 * 1024 * 1024, ge=1024 * 1024)
+    sandbox_disk_files: int = Field(default=16384, ge=16)
+    sandbox_shm_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    sandbox_tmp_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
+    sandbox_max_concurrent: int = Field(default=8, ge=1)
+    sandbox_max_per_project: int = Field(default=2, ge=1)
     # The longest code a code_interpreter call may hold (the decoder closes the call there); None: no bound.
     code_interpreter_max_code_chars: int | None = Field(default=None, ge=1)
     # Limits (see service/limits.py). Requests per minute per key (0 = no limit; unauthenticated

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -15,13 +16,15 @@ import pytest
 
 from service.agent_loop import PlannedCall, ToolCalls, execute
 from service.config import Settings
-from service.tools import report_sandbox
+from service.tools import report_sandbox, sandbox_from_settings
 from service.tools.base import ToolResult
 from service.tools.code_interpreter import CodeInterpreter
+from service.tools.fair_gate import FairGate
 from service.tools.registry import ToolRegistry
 from service.tools.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
+MIB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +35,21 @@ def sandbox() -> Iterator[Sandbox]:
     root = Path(tempfile.mkdtemp(prefix="sandbox-test-"))
     box = Sandbox(
         root,
-        SandboxLimits(wall_seconds=4.0, cpu_seconds=2, memory_bytes=256 * 1024 * 1024, output_bytes=8192),
+        SandboxLimits(
+            wall_seconds=4.0,
+            cpu_seconds=2,
+            memory_bytes=256 * MIB,
+            output_bytes=8192,
+            shm_bytes=16 * MIB,
+            disk_bytes=32 * MIB,
+            max_concurrent=4,
+            max_per_tenant=2,
+        ),
     )
     asyncio.run(box.probe())
     yield box
+    for container in root.iterdir():
+        box.remove(container.name)  # unmounts what the sandbox mounted
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -214,3 +228,211 @@ def test_remove_deletes_a_container_and_is_idempotent(sandbox: Sandbox) -> None:
         sandbox.remove("../escape")
     with pytest.raises(ValueError):
         sandbox.remove("")
+
+
+SECRETS = {
+    "SERVICE_SECRET_KEY": "secret-key-d41d8cd98f",
+    "SERVICE_API_KEY": "api-key-0cc175b9c0f1",
+    "SERVICE_DATABASE_URL": "postgresql://user:db-password-92eb5ffee6@host/db",
+}
+
+
+def test_no_service_environment_inside(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bwrap is pid 1 inside, as the same uid: its environment and command line must not carry the service's."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    code = (
+        "import os\n"
+        "seen = []\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if not pid.isdigit() and pid != 'self':\n"
+        "        continue\n"
+        "    for name in ('environ', 'cmdline'):\n"
+        "        try:\n"
+        "            seen.append(open(f'/proc/{pid}/{name}', 'rb').read().decode(errors='replace'))\n"
+        "        except OSError as exc:\n"
+        "            seen.append(f'unreadable {pid}/{name}')\n"
+        "    for fd in os.listdir(f'/proc/{pid}/fd') if os.access(f'/proc/{pid}/fd', os.R_OK) else ():\n"
+        "        try:\n"
+        "            seen.append(f'fd {pid}/{fd} ' + os.readlink(f'/proc/{pid}/fd/{fd}'))\n"
+        "        except OSError:\n"
+        "            pass  # the directory listing's own descriptor, closed by now\n"
+        "print(repr(os.environ))\n"
+        "print('\\n'.join(seen))\n"
+    )
+    result = run(sandbox, code)
+    assert result.exit_code == 0, result.stderr
+    assert "/proc/1/environ" not in result.stdout and "PATH=/usr/bin:/bin" in result.stdout
+    for name, value in SECRETS.items():
+        assert value not in result.stdout, name
+        assert name not in result.stdout, name
+    assert str(REPO) not in result.stdout  # not even the service's working directory
+    fds = [line for line in result.stdout.splitlines() if line.startswith("fd ")]
+    # Only the three pipes, and bwrap's own eventfd in pid 1: no descriptor of the service's.
+    assert fds and all(line.split()[2].startswith(("pipe:", "anon_inode:[eventfd]")) for line in fds), fds
+
+
+def test_memory_limit_is_per_execution(sandbox: Sandbox) -> None:
+    """Eight processes of 48 MiB each (all under the per-process cap): together they stay under 256 MiB."""
+    code = (
+        "import os, time\n"
+        "r, w = os.pipe()\n"
+        "kids = []\n"
+        "for _ in range(8):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = b'\\1' * (48 << 20)\n"
+        "        os.write(w, b'k')\n"
+        "        time.sleep(30)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "os.close(w)\n"
+        "time.sleep(1.5)\n"
+        "alive = sum(1 for pid in kids if os.waitpid(pid, os.WNOHANG) == (0, 0))\n"
+        "print('held', alive * 48, flush=True)\n"
+    )
+    result = run(sandbox, code)
+    held = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("held")]
+    # Either the out-of-memory killer took children (the parent reports what is left) or the parent itself.
+    assert held == [] or held[0] < 256, result.stdout + result.stderr
+
+
+def _fill(directory: str, chunk_mib: int, total_mib: int, pause: float = 0.0) -> str:
+    """Code that writes files of `chunk_mib` until `total_mib` or an error; prints the MiB written."""
+    return (
+        "import os, time\n"
+        "written = 0\n"
+        f"for i in range({total_mib // chunk_mib}):\n"
+        "    try:\n"
+        f"        with open(os.path.join({directory!r}, f'f{{i}}'), 'wb') as f:\n"
+        f"            f.write(b'x' * ({chunk_mib} << 20))\n"
+        "    except OSError as exc:\n"
+        "        print('refused', exc.errno)\n"
+        "        break\n"
+        f"    written += {chunk_mib}\n"
+        f"    time.sleep({pause})\n"
+        "print('written', written)\n"
+    )
+
+
+def _written(result: SandboxResult) -> int:
+    return int(result.stdout.split()[-1])
+
+
+def test_dev_shm_is_capped(sandbox: Sandbox) -> None:
+    result = run(sandbox, _fill("/dev/shm", 4, 64))
+    assert "refused" in result.stdout, result.stdout + result.stderr
+    assert _written(result) <= 16
+
+
+def test_work_dir_bytes_are_capped_per_container(sandbox: Sandbox) -> None:
+    result = run(sandbox, _fill(".", 4, 96), container="full")
+    assert "refused" in result.stdout, result.stdout + result.stderr
+    assert _written(result) <= 32
+    assert sum(f.stat().st_size for f in (sandbox.root / "full").iterdir()) <= 32 * MIB
+    # The container still works: its code may delete files and write again.
+    again = run(sandbox, "import os\nfor f in os.listdir('.'): os.remove(f)\n" + _fill(".", 4, 8), container="full")
+    assert _written(again) == 8
+
+
+def test_unmounted_work_dir_is_measured_while_code_runs(sandbox: Sandbox) -> None:
+    """A directory the sandbox could not mount (not root, or older files in it) is watched and the code killed."""
+    legacy = sandbox.root / "legacy"
+    legacy.mkdir(mode=0o700)
+    (legacy / "old.txt").write_text("kept from before")
+    if os.geteuid() == 0:
+        os.chown(legacy, 65534, 65534)
+    result = run(sandbox, _fill(".", 1, 200, pause=0.01), container="legacy")
+    assert not os.path.ismount(legacy)
+    assert result.disk_full and "work directory over its size limit" in result.logs
+    assert "written" not in result.stdout
+
+
+def test_one_tenant_holding_processes_does_not_break_another(sandbox: Sandbox) -> None:
+    hold = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(40):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(30); os._exit(0)\n"
+        "    n += 1\n"
+        "print('children', n, flush=True)\n"
+        "time.sleep(2.5)\n"
+    )
+
+    async def both() -> tuple[SandboxResult, list[SandboxResult]]:
+        holder = asyncio.ensure_future(sandbox.run("tenant-a", hold, tenant="a"))
+        await asyncio.sleep(1.0)
+        others = await asyncio.gather(*(sandbox.run(f"tenant-b{i}", "print(6 * 7)", tenant=f"b{i}") for i in range(2)))
+        return await holder, list(others)
+
+    holder, others = asyncio.run(both())
+    assert "children" in holder.stdout, holder.stderr
+    for other in others:
+        assert (other.stdout, other.exit_code) == ("42\n", 0), other.stderr
+
+
+def test_executions_queue_per_tenant(sandbox: Sandbox) -> None:
+    """Two at once per tenant (the fixture's limit): a third waits, and another tenant does not wait behind it."""
+    code = "import time\nstart = time.time()\ntime.sleep(0.8)\nprint(start, time.time())\n"
+
+    async def spans() -> list[tuple[float, float]]:
+        runs = [sandbox.run(f"q{i}", code, tenant="busy") for i in range(3)]
+        runs.append(sandbox.run("q-other", code, tenant="other"))
+        results = await asyncio.gather(*runs)
+        assert all(r.exit_code == 0 for r in results), [r.stderr for r in results]
+        return [(float(r.stdout.split()[0]), float(r.stdout.split()[1])) for r in results]
+
+    busy_a, busy_b, busy_c, other = asyncio.run(spans())
+    first_two_end = min(busy_a[1], busy_b[1])
+    assert busy_c[0] >= first_two_end - 0.05  # the third of one tenant waited for one of its first two
+    assert other[0] < first_two_end  # the other tenant ran alongside, not queued behind
+
+
+def test_settings_reach_the_limits() -> None:
+    settings = Settings(
+        sandbox_disk_bytes=3 * MIB,
+        sandbox_disk_files=99,
+        sandbox_shm_bytes=5 * MIB,
+        sandbox_tmp_bytes=6 * MIB,
+        sandbox_max_concurrent=7,
+        sandbox_max_per_project=3,
+    )
+    lim = sandbox_from_settings(settings).limits
+    assert (lim.disk_bytes, lim.disk_files, lim.shm_bytes, lim.tmp_bytes) == (3 * MIB, 99, 5 * MIB, 6 * MIB)
+    assert (lim.max_concurrent, lim.max_per_tenant) == (7, 3)
+
+
+def test_fair_gate_serves_the_tenant_holding_least_first() -> None:
+    """Tenant a queues five, b queues one after them: b's goes next, before a's queued ones."""
+    order: list[str] = []
+
+    async def scenario() -> None:
+        gate = FairGate(total=2, per_tenant=2)
+
+        async def job(tenant: str, hold: asyncio.Event) -> None:
+            async with gate.slot(tenant):
+                order.append(tenant)
+                await hold.wait()
+
+        release = asyncio.Event()
+        tasks = [asyncio.ensure_future(job("a", release)) for _ in range(5)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.ensure_future(job("b", release)))
+        await asyncio.sleep(0)
+        assert order == ["a", "a"] and gate.waiting == 4
+        waiting = asyncio.ensure_future(job("c", asyncio.Event()))
+        await asyncio.sleep(0)
+        waiting.cancel()  # a waiter that gives up leaves no trace
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        release.set()
+        await asyncio.gather(*tasks)
+        assert not gate.held and gate.waiting == 0
+
+    asyncio.run(scenario())
+    assert order == ["a", "a", "b", "a", "a", "a"], order

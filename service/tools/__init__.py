@@ -17,6 +17,12 @@ def sandbox_from_settings(settings: Settings) -> Sandbox:
         memory_bytes=settings.sandbox_memory_bytes,
         processes=settings.sandbox_processes,
         output_bytes=settings.tool_output_bytes,
+        disk_bytes=settings.sandbox_disk_bytes,
+        disk_files=settings.sandbox_disk_files,
+        shm_bytes=settings.sandbox_shm_bytes,
+        tmp_bytes=settings.sandbox_tmp_bytes,
+        max_concurrent=settings.sandbox_max_concurrent,
+        max_per_tenant=settings.sandbox_max_per_project,
     )
     return Sandbox(settings.sandbox_dir, limits)
 

@@ -1,15 +1,58 @@
-"""Run untrusted Python in a sandbox: bubblewrap namespaces, rlimits, an unprivileged uid, seccomp, a wall clock.
+"""Run untrusted Python in a sandbox: bubblewrap namespaces, per-execution cgroups, rlimits, seccomp, a wall clock.
 
 Layers, outermost first:
+- the whole chain (`sh` joining the cgroups, `setpriv`, `prlimit`, `bwrap`) starts with the environment
+  `PATH=/usr/bin:/bin` only, working directory `/`, and no inherited descriptor but its three pipes: `bwrap`
+  is pid 1 inside the sandbox as the same uid, so its `/proc/1/environ` and `/proc/1/cmdline` are readable by
+  the code; they hold no service variable (keys, database URL). `--clearenv` then sets the code's own
+  (`PATH`, `HOME=/mnt/data`, `PYTHONDONTWRITEBYTECODE`);
+- a per-execution control group (service/tools/cgroups.py), made before and removed after each run, joined by a
+  `/bin/sh` wrapper that writes its own pid into each `cgroup.procs` and then execs the rest of the chain, so no
+  sandboxed process ever runs outside it. At the end every process left in it is SIGKILLed and it is removed.
+  Detected once per process: cgroup v2 (the service's own cgroup, when `memory` and `pids` are or can be enabled
+  in its `cgroup.subtree_control`, e.g. a systemd `Delegate=yes` unit), else the cgroup v1 `memory` and `pids`
+  hierarchies (each on its own, a child of the service's own cgroup there). It caps:
+  - memory: `memory.max` (v2, with `memory.swap.max=0` and `memory.oom.group=1`: an out-of-memory kill takes
+    the whole execution) or `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes` (v1: the kernel's OOM
+    killer kills the largest process of the execution) = `memory_bytes` for ALL the execution's processes
+    together, including the pages it writes to its tmpfs `/tmp` and `/dev/shm` and to its work-dir tmpfs;
+  - processes: `pids.max` = `processes` for the execution (bwrap's two processes included); forks beyond fail
+    with EAGAIN inside that execution only;
 - `setpriv` drops to uid/gid 65534 when the service runs as root (process limits do nothing for root);
-- `prlimit` caps address space, CPU seconds, file size, open files and processes;
-- `bwrap --unshare-all` gives the code no network (only its own loopback), its own pid/ipc/uts namespaces,
-  a read-only view of `/usr` and three loader files of `/etc` only (not the service's files, not its
-  database), a size-capped tmpfs `/tmp` and one writable work directory per container;
+- `prlimit` caps each process: address space (`memory_bytes`, RLIMIT_AS), CPU seconds, file size (`file_bytes`),
+  open files, no core files, and RLIMIT_NPROC. RLIMIT_NPROC counts every process of the uid, i.e. of every
+  execution running at once, so it is set to `processes * max_concurrent + 16`: never reached while the pids
+  cgroup bounds each execution and the gate bounds how many run (an execution holding its processes cannot make
+  another's `bwrap` fail with "Creating new namespace failed");
+- `bwrap --unshare-all` gives the code no network (only its own loopback), its own pid/ipc/uts/cgroup
+  namespaces, a read-only view of `/usr` and three loader files of `/etc` only (not the service's files, not its
+  database), a tmpfs `/tmp` of `tmp_bytes`, a tmpfs `/dev/shm` of `shm_bytes` (over bwrap's `--dev` one, which
+  has no cap), and one writable work directory per container at `/mnt/data`;
+- the work directory's size, per container (all its files together, across executions):
+  - running as root: a tmpfs of `disk_bytes` with `nr_inodes=disk_files`, mode 0700, owner 65534, `nosuid,nodev`,
+    mounted on the empty container directory on the host by `workdir()`; writes past it fail with ENOSPC. The
+    files live in memory (swappable), so the host holds up to `disk_bytes` per live container; the mount
+    outlives the service process (a restart keeps the files) until `remove()` unmounts it (lazily) and deletes
+    the directory. A container directory that already holds files and is not a mount (made before this
+    mechanism) is left as it is and falls under the measured cap below;
+  - otherwise (not root, or the mount failed): measured. While code runs, its directory is walked every 0.1 s
+    (`st_blocks`, links not followed); once it holds more than `disk_bytes` and more than when the run began, the
+    execution is killed and the result says `[killed: work directory over its size limit]`. Weaker: what is
+    written between two walks passes the cap (bounded by write speed x 0.1 s and `file_bytes` per file) and the
+    files stay until the code removes them (a run that does not grow the directory is not killed);
+- fairness: `run(..., tenant=...)` waits for a place in a gate of `max_concurrent` executions at once and
+  `max_per_tenant` per tenant (the project). Waiters queue instead of failing; a freed place goes to the waiter
+  whose tenant holds the fewest places, the earliest among equals (service/tools/fair_gate.py). The wall clock
+  starts once the execution starts;
 - a seccomp filter loaded by the first lines the sandboxed interpreter runs (Debian's `python3-seccomp`),
   before the model's code: sockets other than Unix sockets, namespace calls, mount, ptrace, bpf and keyring
   calls fail with EPERM; `clone3` reports ENOSYS so libc falls back to `clone`, whose namespace flags are denied;
 - a wall-clock kill, and output cut at a byte limit (the process is killed once it writes past it).
+
+Fallbacks, reported by `probe()`: no usable memory cgroup -> memory is capped per process only (RLIMIT_AS), so
+an execution may hold `processes x memory_bytes`; no usable pids cgroup -> RLIMIT_NPROC is the only process cap,
+shared by all executions (one execution may use all `processes * max_concurrent + 16` and make the others'
+forks and namespace creation fail).
 
 Nothing here knows about HTTP or the log.
 """
@@ -18,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -26,7 +70,16 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from service.tools import cgroups
+from service.tools.fair_gate import FairGate
+
 NOBODY = 65534
+_ENV = {"PATH": "/usr/bin:/bin"}  # all the chain (sh, setpriv, prlimit, bwrap) is given; bwrap clears it for the code
+_NPROC_SLACK = 16  # other processes of the sandbox uid, and the chain's own before the cgroup counts them
+_DISK_POLL_SECONDS = 0.1
+_probes = itertools.count()
+# Writes its own pid into each cgroup.procs named after the count in $1, then execs the remaining arguments.
+_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
 _CONTAINER_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 # Runs first inside the sandbox: load the seccomp filter, then execute the model's code read from stdin.
@@ -65,12 +118,17 @@ exec(compile(_code, "<code>", "exec"), {"__name__": "__main__"})
 class SandboxLimits:
     wall_seconds: float = 10.0
     cpu_seconds: int = 5
-    memory_bytes: int = 512 * 1024 * 1024
+    memory_bytes: int = 512 * 1024 * 1024  # per execution (cgroup) and per process (RLIMIT_AS)
     file_bytes: int = 16 * 1024 * 1024
     tmp_bytes: int = 64 * 1024 * 1024
+    shm_bytes: int = 64 * 1024 * 1024
+    disk_bytes: int = 128 * 1024 * 1024  # one container's work directory, all files together
+    disk_files: int = 16384  # one container's work directory: files and directories
     open_files: int = 64
-    processes: int = 32
+    processes: int = 32  # per execution (cgroup pids.max)
     output_bytes: int = 64 * 1024
+    max_concurrent: int = 8  # executions at once, all tenants
+    max_per_tenant: int = 2  # executions at once, one tenant
 
 
 @dataclass(frozen=True)
@@ -80,6 +138,7 @@ class SandboxResult:
     exit_code: int | None
     timed_out: bool = False
     output_truncated: bool = False
+    disk_full: bool = False
 
     @property
     def logs(self) -> str:
@@ -89,6 +148,8 @@ class SandboxResult:
             text += "\n[killed: wall-clock limit]"
         if self.output_truncated:
             text += "\n[output truncated]"
+        if self.disk_full:
+            text += "\n[killed: work directory over its size limit]"
         return text
 
 
@@ -103,11 +164,29 @@ class Sandbox:
     root: Path
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     python: str = "/usr/bin/python3"
+    _gate: FairGate | None = field(default=None, init=False, repr=False)
+    _cgroups: cgroups.Cgroups | None = field(default=None, init=False, repr=False)
 
-    def command(self, workdir: Path) -> list[str]:
+    @property
+    def gate(self) -> FairGate:
+        if self._gate is None:
+            self._gate = FairGate(self.limits.max_concurrent, self.limits.max_per_tenant)
+        return self._gate
+
+    @property
+    def cgroups(self) -> cgroups.Cgroups:
+        if self._cgroups is None:
+            self._cgroups = cgroups.detect()
+        return self._cgroups
+
+    def command(self, workdir: Path, cgroup_dirs: list[Path] | None = None) -> list[str]:
         lim = self.limits
         bwrap = shutil.which("bwrap") or "bwrap"
         argv: list[str] = []
+        if cgroup_dirs:
+            # Joins this execution's cgroups, then becomes the rest of the chain: nothing runs outside them.
+            argv += ["/bin/sh", "-c", _JOIN, "sh", str(len(cgroup_dirs))]
+            argv += [str(d / "cgroup.procs") for d in cgroup_dirs]
         if os.geteuid() == 0:
             argv += [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
         argv += [
@@ -116,7 +195,7 @@ class Sandbox:
             f"--cpu={lim.cpu_seconds}",
             f"--fsize={lim.file_bytes}",
             f"--nofile={lim.open_files}",
-            f"--nproc={lim.processes}",
+            f"--nproc={self.uid_processes()}",
             "--core=0",
             "--",
             bwrap,
@@ -136,6 +215,7 @@ class Sandbox:
             "--symlink", "usr/sbin", "/sbin",
             "--proc", "/proc",
             "--dev", "/dev",
+            "--size", str(lim.shm_bytes), "--tmpfs", "/dev/shm",
             "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
             "--bind", str(workdir), "/mnt/data",
             "--remount-ro", "/",
@@ -149,6 +229,10 @@ class Sandbox:
         ]  # fmt: skip
         return argv
 
+    def uid_processes(self) -> int:
+        """RLIMIT_NPROC: counted per uid, so shared by every execution running at once; sized for all of them."""
+        return self.limits.processes * self.limits.max_concurrent + _NPROC_SLACK
+
     def workdir(self, container_id: str) -> Path:
         if not _CONTAINER_ID.match(container_id):
             raise ValueError(f"bad container id {container_id!r}")
@@ -157,9 +241,24 @@ class Sandbox:
         path = self.root / container_id
         path.mkdir(exist_ok=True)
         if os.geteuid() == 0:
+            self._mount_tmpfs(path)
             os.chown(path, NOBODY, NOBODY)
         path.chmod(0o700)
         return path
+
+    def _mount_tmpfs(self, path: Path) -> None:
+        """As root: a size-capped tmpfs on an empty work directory, so the kernel caps the container's bytes."""
+        if os.path.ismount(path) or any(path.iterdir()):
+            return  # already ours, or older files kept on disk (then measured while code runs)
+        lim = self.limits
+        options = f"size={lim.disk_bytes},nr_inodes={lim.disk_files},mode=0700,uid={NOBODY},gid={NOBODY}"
+        mount = shutil.which("mount") or "mount"
+        subprocess.run(
+            [mount, "-t", "tmpfs", "-o", f"nosuid,nodev,{options}", "sandbox-data", str(path)],
+            check=False,
+            capture_output=True,
+            env=_ENV,
+        )
 
     def remove(self, container_id: str) -> None:
         """Delete a container's work directory (idempotent); refuses ids that are not plain names."""
@@ -176,17 +275,31 @@ class Sandbox:
         shutil.rmtree(path, ignore_errors=True)
 
     async def run(self, container_id: str, code: str, *, tenant: str = "default") -> SandboxResult:
+        """Run `code` in the container's directory; waits (fairly across tenants) for a free execution slot."""
         workdir = self.workdir(container_id)
+        async with self.gate.slot(tenant):
+            groups = self.cgroups
+            dirs = groups.create(self.limits.memory_bytes, self.limits.processes) if groups.controllers else []
+            try:
+                return await self._run(workdir, code, dirs)
+            finally:
+                await asyncio.to_thread(cgroups.remove, dirs)
+
+    async def _run(self, workdir: Path, code: str, cgroup_dirs: list[Path]) -> SandboxResult:
         proc = await asyncio.create_subprocess_exec(
-            *self.command(workdir),
+            *self.command(workdir, cgroup_dirs),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            close_fds=True,
+            cwd="/",  # not the service's directory (the shell would export it as PWD)
+            env=_ENV,  # bwrap itself is pid 1 inside, readable at /proc/1/environ: none of the service's variables
         )
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         budget = [self.limits.output_bytes]
         truncated = asyncio.Event()
+        disk_full = asyncio.Event()
 
         async def feed() -> None:
             assert proc.stdin is not None
@@ -206,8 +319,20 @@ class Sandbox:
                     truncated.set()
                     _kill(proc.pid)  # then read on to the end of the pipe, discarding
 
+        async def watch_disk() -> None:
+            # Only where the kernel does not cap the directory (no tmpfs mounted on it): measure while it runs.
+            start = await asyncio.to_thread(_usage, workdir)
+            while proc.returncode is None:
+                await asyncio.sleep(_DISK_POLL_SECONDS)
+                used = await asyncio.to_thread(_usage, workdir)
+                if used > self.limits.disk_bytes and used > start:
+                    disk_full.set()
+                    _kill(proc.pid)
+                    return
+
         out, err = bytearray(), bytearray()
         timed_out = False
+        watcher = None if os.path.ismount(workdir) else asyncio.ensure_future(watch_disk())
         work = asyncio.gather(feed(), drain(proc.stdout, out), drain(proc.stderr, err), proc.wait())
         try:
             await asyncio.wait_for(asyncio.shield(work), timeout=self.limits.wall_seconds)
@@ -221,12 +346,17 @@ class Sandbox:
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
         return SandboxResult(
             stdout=out.decode("utf-8", "replace"),
             stderr=err.decode("utf-8", "replace"),
             exit_code=proc.returncode,
             timed_out=timed_out,
             output_truncated=truncated.is_set(),
+            disk_full=disk_full.is_set(),
         )
 
     async def probe(self) -> str:
@@ -237,15 +367,58 @@ class Sandbox:
         if not Path(self.python).exists():
             raise SandboxUnavailable(f"{self.python} is missing")
         code = "import os\nprint(6 * 7, os.getuid(), 'Seccomp:\\t2' in open('/proc/self/status').read())"
+        container = f"probe-{os.getpid()}-{next(_probes)}"  # its own: probes running at once do not collide
         try:
-            result = await self.run("probe", code)
+            result = await self.run(container, code, tenant="probe")
+            mounted = os.path.ismount(self.root / container)
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from exc
+        finally:
+            self.remove(container)
         fields = result.stdout.split()
         if not fields or fields[0] != "42":
             raise SandboxUnavailable(f"sandbox probe failed: {(result.stderr or result.stdout).strip()[-300:]}")
         seccomp = "seccomp filter on" if fields[2:] == ["True"] else "NO seccomp filter (install python3-seccomp)"
-        return f"bubblewrap sandbox with {self.python}, uid {fields[1]}, {seccomp}"
+        return f"bubblewrap sandbox with {self.python}, uid {fields[1]}, {seccomp}; {self.describe_limits(mounted)}"
+
+    def describe_limits(self, work_dir_mounted: bool) -> str:
+        """Which mechanism enforces each per-execution limit on this machine."""
+        lim, groups = self.limits, self.cgroups
+        mib = 1024 * 1024
+        if groups.memory:
+            memory = f"memory {lim.memory_bytes // mib} MiB per execution ({groups.describe()})"
+        else:
+            memory = f"memory {lim.memory_bytes // mib} MiB per process only (RLIMIT_AS; no usable memory cgroup)"
+        if groups.pids:
+            procs = f"{lim.processes} processes per execution ({groups.describe()})"
+        else:
+            procs = (
+                f"processes: RLIMIT_NPROC {self.uid_processes()} shared by all executions"
+                " (no usable pids cgroup; one execution may use them all)"
+            )
+        if work_dir_mounted:
+            disk = f"work dir {lim.disk_bytes // mib} MiB / {lim.disk_files} files per container (tmpfs mount)"
+        else:
+            disk = f"work dir {lim.disk_bytes // mib} MiB per container (measured every {_DISK_POLL_SECONDS}s)"
+        return (
+            f"{memory}; {procs}; {disk}; /dev/shm {lim.shm_bytes // mib} MiB, /tmp {lim.tmp_bytes // mib} MiB;"
+            f" {lim.max_concurrent} executions at once, {lim.max_per_tenant} per project"
+        )
+
+
+def _usage(path: Path) -> int:
+    """Bytes allocated under `path` (links not followed), as `du` counts them."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+    return total
 
 
 def _unmount(path: Path) -> None:
