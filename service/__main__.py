@@ -165,6 +165,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         mode = authentication_mode(settings, host=args.host, allow_unauthenticated=args.allow_unauthenticated)
         runtime = load_runtime(settings)
     log.log(logging.WARNING if mode.startswith("unauthenticated") else logging.INFO, mode)
+    settings = settings.model_copy(update={"listen_host": args.host})  # MCP address policy
     app = create_app(settings, runtime=runtime)
 
     class DrainingServer(uvicorn.Server):

@@ -35,6 +35,7 @@ from service.store import retention
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
 from service.tools import report_sandbox
+from service.tools.mcp import McpAddressPolicy
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,10 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.commands = Commands(db, model, supervisor, notifier, settings)
         state.authenticator = Authenticator(db, settings.api_key)
         await state.authenticator.required()  # read while the store is surely up
+        # Where MCP connections may go depends on whether keys are configured (service/tools/mcp.py).
+        supervisor.tool_steps.connector.policy = McpAddressPolicy(
+            tuple(settings.mcp_hosts()), settings.listen_host, state.authenticator.required
+        )
         state.rate_limiter = RequestRateLimiter(settings.rate_limit_requests_per_minute)
         state.subscribers = SubscriberLimit(settings.max_sse_subscribers_per_response)
         await supervisor.start()

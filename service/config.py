@@ -73,9 +73,14 @@ class Settings(BaseModel):
     # After this long a finished response's events are compacted into one token record (service/stream_record.py).
     replay_window_seconds: float = Field(default=86400.0, ge=0)
     api_key: str | None = None
-    # Server-side tools. Comma-separated hosts MCP server_urls may name (`*.example.com` for subdomains);
-    # empty = any host except link-local/metadata/reserved addresses.
+    # Server-side tools. Comma-separated hosts MCP server_urls may name (`*.example.com` for subdomains), trusted
+    # wherever they resolve (loopback and private addresses included); no other host is allowed. Empty = any host
+    # except link-local/metadata/multicast/reserved addresses and, once an API key is configured or the server
+    # listens beyond loopback, loopback/private/non-public ones (service/tools/mcp.py McpAddressPolicy).
     mcp_allowed_hosts: str = ""
+    # The address `serve --host` listens on (set by the CLI; None = loopback): beyond loopback, MCP tools may not
+    # reach loopback or private addresses even without an API key.
+    listen_host: str | None = None
     # Fernet key (urlsafe base64 of 32 bytes) sealing what background runs with MCP secrets need to resume.
     secret_key: str | None = None
     tool_timeout_seconds: float = Field(default=30.0, gt=0)

@@ -7,7 +7,9 @@ keeps them sealed with SERVICE_SECRET_KEY (service/tools/secrets.py) so it can r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,9 +54,11 @@ async def prepare(
     sandbox_unavailable: str | None,
     chat_format: str,
     forced_label: str | None = None,
+    check_container: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> PreparedTools:
     """Raises InvalidRequest (400) for what the client got wrong; an unreachable server is an item error, or a
-    424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on."""
+    424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on.
+    `check_container(container_id, param)` raises NotFound unless a named container is the project's, live."""
     specs = server_specs(raw_tools)
     prepared = PreparedTools()
     _find_approval(prepared, history, input_items)
@@ -63,8 +67,15 @@ async def prepare(
             raise InvalidRequest("Approving an MCP call needs its mcp tool in 'tools'.", param="tools")
         return prepared
     try:
-        check_server_tools(
-            raw_tools, allowed_hosts=settings.mcp_hosts(), secret_key=settings.secret_key, background=background
+        await asyncio.to_thread(  # a thread: checking a server_url resolves its host name
+            functools.partial(
+                check_server_tools,
+                raw_tools,
+                allowed_hosts=settings.mcp_hosts(),
+                secret_key=settings.secret_key,
+                background=background,
+                private_refused=await connector.policy.private_refused(),
+            )
         )
     except ServerToolRefused as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
@@ -80,6 +91,8 @@ async def prepare(
                     param=f"tools[{index}].type",
                     code="unsupported_tool",
                 )
+            if isinstance(spec.get("container"), str) and check_container is not None:
+                await check_container(spec["container"], f"tools[{index}].container")
             limit = settings.code_interpreter_max_code_chars
             prepared.model_tools.append({"type": "python", **({"max_code_chars": limit} if limit else {})})
             continue

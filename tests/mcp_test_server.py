@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 IDEMPOTENCY_META_KEY = "io.github.service/idempotency-key"
 
@@ -77,6 +78,12 @@ def build(ledger: Path) -> MCPServer:
         """Always raise."""
         record("fail", {"reason": reason}, ctx)
         raise ValueError(reason)
+
+    @server.tool()
+    def deny(ctx: Context) -> str:
+        """Refuse, quoting the caller's credentials (a careless server: its error holds the client's secret)."""
+        record("deny", {}, ctx)
+        raise ToolError(f"access denied for {(ctx.headers or {}).get('authorization')}")
 
     return server
 

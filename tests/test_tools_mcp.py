@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.agent_loop import RESULT, STARTED, PlannedCall, ToolCalls, execute, idempotency_key
 from service.store import event_log
 from service.tools import secrets
-from service.tools.mcp import IDEMPOTENCY_META_KEY, McpConnector, McpUrlRefused, check_server_url
+from service.tools.mcp import IDEMPOTENCY_META_KEY, UNREACHABLE, McpConnector, McpUrlRefused, check_server_url
 from service.tools.registry import (
     McpServerTool,
     ToolNotOffered,
@@ -102,7 +102,7 @@ async def test_tool_errors_and_timeouts_are_results(mcp_server: McpServer) -> No
     unknown = await connector().call(mcp_server.url, {}, "nope", {}, "k-unknown")
     assert unknown.error and "nope" in unknown.error
     slow = await connector(timeout=1.0).call(mcp_server.url, {}, "slow", {"seconds": 3}, "k-slow")
-    assert slow.error and "Timed out" in slow.error
+    assert slow.error == f"Error calling 'slow': {UNREACHABLE}"
 
 
 async def test_output_is_capped(mcp_server: McpServer) -> None:
@@ -113,7 +113,7 @@ async def test_output_is_capped(mcp_server: McpServer) -> None:
 async def test_unreachable_server_is_an_error_not_a_crash() -> None:
     url = f"http://127.0.0.1:{free_port()}/mcp"
     result = await connector(timeout=3).call(url, {}, "add", {"a": 1, "b": 1}, "k-down")
-    assert result.output is None and result.error and "Error calling 'add'" in result.error
+    assert result.output is None and result.error == f"Error calling 'add': {UNREACHABLE}"
     with pytest.raises(Exception, match="Error listing the tools"):
         await connector(timeout=3).list_tools(url, {})
 

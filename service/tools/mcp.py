@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
 import socket
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
+
+from service.tools import secrets
 
 if TYPE_CHECKING:  # the SDK is imported when a session opens: it costs about a second at start-up
     from mcp import Client
@@ -26,6 +29,9 @@ IDEMPOTENCY_META_KEY = "io.github.service/idempotency-key"
 
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+# What a client reads for every connection-level failure (see McpConnector._guard).
+UNREACHABLE = "the MCP server could not be reached, or did not answer as an MCP server."
 
 
 class McpUrlRefused(ValueError):
@@ -59,11 +65,51 @@ class McpCallResult:
     error: str | None
 
 
-def check_server_url(url: str, allowed_hosts: Sequence[str] | None, *, resolve: bool = True) -> None:
-    """Refuse anything but http(s) URLs with a host; with an allow list, only its hosts (`*.example.com`
-    matches subdomains). Without one, link-local, metadata, multicast and unspecified addresses are refused,
-    also when a host name resolves to them (loopback and private networks are allowed: operators restrict
-    those with SERVICE_MCP_ALLOWED_HOSTS)."""
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+@dataclass(frozen=True)
+class McpAddressPolicy:
+    """Where MCP connections may go (docs/architecture.md, "MCP URL policy").
+
+    - `allowed_hosts` (SERVICE_MCP_ALLOWED_HOSTS) set: only those hosts, wherever they resolve: the operator
+      vouches for them, loopback and private addresses included.
+    - Otherwise link-local (cloud metadata), multicast, unspecified and reserved addresses are always refused,
+      and, when `private_refused()` (API keys configured, or listening beyond loopback), every address that is
+      not globally routable too: loopback, RFC 1918 and ULA private, carrier-grade NAT, documentation ranges,
+      and IPv6 forms embedding such an IPv4 address (mapped, 6to4, Teredo, NAT64).
+    A development server (no key, loopback only) may reach loopback and private MCP servers, as its user can.
+    """
+
+    allowed_hosts: tuple[str, ...] = ()
+    listen_host: str | None = None  # what `serve --host` listens on; None: loopback
+    keys_configured: Callable[[], Awaitable[bool]] | None = None
+
+    async def private_refused(self) -> bool:
+        if self.listen_host is not None and not _is_loopback_name(self.listen_host):
+            return True
+        return self.keys_configured is not None and await self.keys_configured()
+
+    def named(self, host: str) -> bool:
+        """True when `host` is named by the allow list (its addresses are then not checked); McpUrlRefused when
+        an allow list is set and does not name it."""
+        if not self.allowed_hosts:
+            return False
+        if not any(_host_matches(host, pattern.strip().lower()) for pattern in self.allowed_hosts if pattern.strip()):
+            raise McpUrlRefused(f"server_url host '{host}' is not in this server's allowed MCP hosts.")
+        return True
+
+
+def check_server_url(
+    url: str,
+    allowed_hosts: Sequence[str] | None,
+    *,
+    resolve: bool = True,
+    private_refused: bool = False,
+) -> None:
+    """Refuse anything but http(s) URLs with a host, and hosts McpAddressPolicy refuses (a host name is
+    resolved here to give a 400 early; every connection checks its addresses again, see _GuardedBackend)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise McpUrlRefused("server_url must be an http:// or https:// URL.")
@@ -76,13 +122,40 @@ def check_server_url(url: str, allowed_hosts: Sequence[str] | None, *, resolve: 
         _ = parts.port
     except ValueError as exc:
         raise McpUrlRefused("server_url has an invalid port.") from exc
-    if allowed_hosts:
-        if not any(_host_matches(host, pattern.strip().lower()) for pattern in allowed_hosts if pattern.strip()):
-            raise McpUrlRefused(f"server_url host '{host}' is not in this server's allowed MCP hosts.")
+    if McpAddressPolicy(tuple(allowed_hosts or ())).named(host):
         return
     for address in _addresses(host, resolve=resolve):
-        if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_reserved:
+        check_address(host, address, private_refused=private_refused)
+
+
+def check_address(host: str, address: IpAddress, *, private_refused: bool) -> None:
+    """McpUrlRefused for an address the policy refuses (the address and the IPv4 one it embeds, if any)."""
+    for one in (address, *_embedded_ipv4(address)):
+        if one.is_link_local or one.is_multicast or one.is_unspecified or one.is_reserved:
             raise McpUrlRefused(f"server_url host '{host}' is a link-local, metadata or reserved address.")
+        if private_refused and not one.is_global:
+            raise McpUrlRefused(
+                f"server_url host '{host}' is a loopback, private or otherwise non-public address, "
+                "which this server does not connect MCP tools to."
+            )
+
+
+def _embedded_ipv4(address: IpAddress) -> list[ipaddress.IPv4Address]:
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    found = [address.ipv4_mapped, address.sixtofour, *(address.teredo or ())]
+    if address in _NAT64:
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return [one for one in found if one is not None]
+
+
+def _is_loopback_name(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _host_matches(host: str, pattern: str) -> bool:
@@ -91,7 +164,7 @@ def _host_matches(host: str, pattern: str) -> bool:
     return host == pattern
 
 
-def _addresses(host: str, *, resolve: bool) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+def _addresses(host: str, *, resolve: bool) -> list[IpAddress]:
     try:
         return [ipaddress.ip_address(host.strip("[]"))]
     except ValueError:
@@ -104,13 +177,74 @@ def _addresses(host: str, *, resolve: bool) -> list[ipaddress.IPv4Address | ipad
         infos = socket.getaddrinfo(host, None)
     except OSError:
         return []  # unreachable names fail later, as the item's error
-    found = []
+    return _parsed(infos)
+
+
+def _parsed(infos: Sequence[tuple[Any, ...]]) -> list[IpAddress]:
+    found: list[IpAddress] = []
     for info in infos:
         try:
-            found.append(ipaddress.ip_address(str(info[4][0]).split("%")[0]))
+            address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         except ValueError:
             continue
+        if address not in found:
+            found.append(address)
     return found
+
+
+class _GuardedBackend:
+    """An httpcore2 network backend that resolves a host once, checks every address against the policy, and
+    connects to a checked address (so a name cannot resolve to a public address for the check and a private
+    one for the connection). TLS still verifies and sends SNI for the URL's name (httpcore2 passes the
+    origin's host to start_tls), and the Host header is the URL's."""
+
+    def __init__(self, policy: McpAddressPolicy) -> None:
+        import httpcore2
+
+        self.policy = policy
+        self.inner = httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> Any:
+        import httpcore2
+
+        name = host.lower().strip("[]")
+        if self.policy.named(name):
+            targets = [host]
+        else:
+            private_refused = await self.policy.private_refused()
+            addresses = _addresses(name, resolve=False)
+            if not addresses:
+                loop = asyncio.get_running_loop()
+                try:
+                    infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+                except OSError as exc:
+                    raise httpcore2.ConnectError(f"could not resolve {name}: {exc}") from exc
+                addresses = _parsed(infos)
+            for address in addresses:
+                check_address(name, address, private_refused=private_refused)
+            targets = [str(address) for address in addresses]
+        failure: Exception = httpcore2.ConnectError(f"no address for {name}")
+        for target in targets:
+            try:
+                return await self.inner.connect_tcp(
+                    target, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
+            except httpcore2.ConnectError as exc:
+                failure = exc
+        raise failure
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+        raise McpUrlRefused("MCP connections do not use unix sockets.")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
 
 
 @dataclass
@@ -130,18 +264,37 @@ class McpConnector:
     """Keeps one streamable-HTTP session per (url, headers), closed after `idle_seconds` unused or after an
     error; headers are never logged."""
 
-    def __init__(self, *, timeout_seconds: float, max_output_bytes: int, idle_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        timeout_seconds: float,
+        max_output_bytes: int,
+        idle_seconds: float = 60.0,
+        policy: McpAddressPolicy | None = None,
+    ) -> None:
         self.timeout_seconds = timeout_seconds
         self.max_output_bytes = max_output_bytes
         self.idle_seconds = idle_seconds
+        # The composition root sets the server's own (service/app.py); this default is a loopback dev server's.
+        self.policy = policy or McpAddressPolicy()
         self._sessions: dict[tuple[str, tuple[tuple[str, str], ...]], _HeldSession] = {}
 
     def _client(self, url: str, headers: Mapping[str, str]) -> Client:
+        import httpcore2
         import httpx2
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
-        http = httpx2.AsyncClient(headers=dict(headers), timeout=self.timeout_seconds)
+        # trust_env=False: an HTTP(S)_PROXY of the environment would connect for us, past the address checks.
+        transport = httpx2.AsyncHTTPTransport(trust_env=False)
+        pool = transport._pool  # noqa: SLF001 (httpx2 takes no network backend; the same pool, guarded)
+        transport._pool = httpcore2.AsyncConnectionPool(  # noqa: SLF001
+            ssl_context=pool._ssl_context,  # noqa: SLF001
+            network_backend=cast("httpcore2.AsyncNetworkBackend", _GuardedBackend(self.policy)),
+        )
+        http = httpx2.AsyncClient(
+            headers=dict(headers), timeout=self.timeout_seconds, transport=transport, trust_env=False
+        )
         return Client(streamable_http_client(url, http_client=http), read_timeout_seconds=self.timeout_seconds)
 
     async def _hold(self, held: _HeldSession, url: str, headers: Mapping[str, str]) -> None:
@@ -207,7 +360,7 @@ class McpConnector:
                         raise
             raise AssertionError("unreachable")
 
-        return await self._guard(run(), f"listing the tools of {_origin(url)}")
+        return await self._guard(run(), "listing the tools", url, headers)
 
     @staticmethod
     async def _list(client: Client) -> list[McpToolInfo]:
@@ -229,19 +382,28 @@ class McpConnector:
         call is not repeated here (it may have run); its session is discarded."""
 
         async def run() -> McpCallResult:
+            from mcp import MCPError
+
             client, discard = await self._session(url, headers)
             meta = cast("RequestParamsMeta", {IDEMPOTENCY_META_KEY: idempotency_key})
             try:
                 result = await client.call_tool(name, arguments, meta=meta)
+            except MCPError as exc:  # the MCP server's own JSON-RPC error: its message is the tool's answer
+                discard()
+                return McpCallResult(output=None, error=f"Error calling '{name}': {exc.error.message[:500]}")
             except BaseException:
                 discard()
                 raise
             return self._result(result)
 
         try:
-            return await self._guard(run(), f"calling '{name}' on {_origin(url)}")
+            result = await self._guard(run(), f"calling '{name}'", url, headers)
         except McpServerError as exc:
             return McpCallResult(output=None, error=str(exc))
+        # The one place a call's error text leaves the connector: the client's secrets are taken out.
+        return McpCallResult(
+            result.output, secrets.redact_text(result.error, headers.values()) if result.error else None
+        )
 
     def _result(self, result: CallToolResult) -> McpCallResult:
         from mcp_types import TextContent
@@ -262,15 +424,17 @@ class McpConnector:
             return McpCallResult(output=None, error=text or "The MCP tool reported an error.")
         return McpCallResult(output=text, error=None)
 
-    async def _guard(self, work: Coroutine[Any, Any, T], what: str) -> T:
+    async def _guard(self, work: Coroutine[Any, Any, T], what: str, url: str, headers: Mapping[str, str]) -> T:
+        """Every failure to reach or talk to the server (refused, reset, timed out, TLS, not MCP, an address the
+        policy refuses at connect time) reads the same to the client, so that listing cannot tell what
+        answered on a port (nor does the text name the port); the detail goes to this server's log, without the
+        client's secrets."""
         try:
             return await asyncio.wait_for(work, timeout=self.timeout_seconds)
-        except TimeoutError as exc:
-            raise McpServerError(f"Timed out after {self.timeout_seconds:g}s {what}.") from exc
-        except McpServerError:
-            raise
         except Exception as exc:  # the SDK raises many kinds (httpx2, anyio groups, MCP errors)
-            raise McpServerError(f"Error {what}: {_describe(exc)}") from exc
+            detail = f"timed out after {self.timeout_seconds:g}s" if isinstance(exc, TimeoutError) else _describe(exc)
+            log.warning("MCP error %s of %s: %s", what, _origin(url), secrets.redact_text(detail, headers.values()))
+            raise McpServerError(f"Error {what}: {UNREACHABLE}") from exc
 
 
 def _origin(url: str) -> str:

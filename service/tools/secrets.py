@@ -8,7 +8,7 @@ to call the MCP server again after a crash, stores them sealed (`seal`) with SER
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -40,6 +40,41 @@ def request_headers(tool: Mapping[str, Any]) -> dict[str, str]:
     if token:
         headers["Authorization"] = token if token.lower().startswith(("bearer ", "basic ")) else f"Bearer {token}"
     return headers
+
+
+REDACTED = "[redacted]"
+_SCHEMES = ("bearer ", "basic ", "token ")
+MIN_REDACTED_CHARS = 3  # shorter values are not secrets worth garbling every message for
+
+
+def secret_variants(value: str) -> set[str]:
+    """The forms a header value can take inside an error text: as sent, stripped, without its auth scheme,
+    and escaped as Python (str or bytes repr), JSON or percent-encoding would print it."""
+    from urllib.parse import quote
+
+    forms = {value, value.strip()}
+    for form in list(forms):
+        if form.lower().startswith(_SCHEMES):
+            forms.add(form.split(" ", 1)[1].strip())
+    for form in list(forms):
+        forms.update(
+            {
+                repr(form)[1:-1],
+                repr(form.encode("utf-8", "replace"))[2:-1],
+                json.dumps(form)[1:-1],
+                quote(form, safe=""),
+            }
+        )
+    return {form for form in forms if len(form) >= MIN_REDACTED_CHARS}
+
+
+def redact_text(text: str, values: Iterable[str]) -> str:
+    """`text` with every form (`secret_variants`) of the given secret values replaced by `[redacted]`, the
+    longest first so that a part of a secret never survives beside its replacement."""
+    forms = sorted({form for value in values for form in secret_variants(str(value))}, key=len, reverse=True)
+    for form in forms:
+        text = text.replace(form, REDACTED)
+    return text
 
 
 def new_key() -> str:

@@ -8,6 +8,7 @@ Problems raise `ServerToolRefused` with the offending `param`, meant to become a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -15,6 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.tools import secrets
 from service.tools.mcp import McpUrlRefused, check_server_url
+
+# An HTTP field name (RFC 9110 token), and a value of printable ASCII: CR/LF would split the request, and the
+# HTTP client refuses other control characters (NUL, DEL, ...) and non-ASCII, with an error quoting the value.
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_UNSENDABLE = re.compile(r"[^\x20-\x7e]")
 
 Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
 
@@ -67,6 +73,7 @@ def check_server_tools(
     secret_key: str | None,
     background: bool,
     resolve: bool = True,
+    private_refused: bool = False,
 ) -> list[McpToolSpec | CodeInterpreterSpec]:
     """The server-side tools of a raw `tools` list, validated; function/custom tools are skipped."""
     checked: list[McpToolSpec | CodeInterpreterSpec] = []
@@ -88,8 +95,9 @@ def check_server_tools(
                     f"Duplicate server_label '{spec.server_label}'.", f"tools[{index}].server_label"
                 )
             labels.add(spec.server_label)
+            _check_headers(spec, index)
             try:
-                check_server_url(spec.server_url, allowed_hosts, resolve=resolve)
+                check_server_url(spec.server_url, allowed_hosts, resolve=resolve, private_refused=private_refused)
             except McpUrlRefused as exc:
                 raise ServerToolRefused(str(exc), f"tools[{index}].server_url") from None
             if background and secrets.has_secrets(raw):
@@ -99,3 +107,22 @@ def check_server_tools(
                     raise ServerToolRefused(str(exc), f"tools[{index}].authorization") from None
         checked.append(spec)
     return checked
+
+
+def _check_headers(spec: McpToolSpec, index: int) -> None:
+    """A 400 naming the field for a header name or value the HTTP client would refuse; the value is not quoted."""
+    for name, value in (spec.headers or {}).items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise ServerToolRefused(
+                "A header name must be an HTTP token (letters, digits and !#$%&'*+-.^_`|~).", f"tools[{index}].headers"
+            )
+        if _UNSENDABLE.search(value):
+            raise ServerToolRefused(
+                f"The value of header '{name}' contains a control character (CR, LF, NUL, ...) or non-ASCII.",
+                f"tools[{index}].headers.{name}",
+            )
+    if spec.authorization is not None and _UNSENDABLE.search(spec.authorization):
+        raise ServerToolRefused(
+            "authorization contains a control character (CR, LF, NUL, ...) or non-ASCII.",
+            f"tools[{index}].authorization",
+        )
