@@ -129,7 +129,7 @@ async def test_connect_time_check_defeats_dns_rebinding(
 def test_header_values_the_http_client_refuses_are_a_400_naming_the_field() -> None:
     base = {"type": "mcp", "server_label": "s", "server_url": "https://mcp.example.com/mcp"}
     options: dict[str, Any] = {"allowed_hosts": None, "secret_key": None, "background": False, "resolve": False}
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"headers": {"X-Api-Key": "sk-123\r\nX-Evil: 1"}}, "tools[0].headers.X-Api-Key"),
         ({"headers": {"X-Api-Key": "sk-123\x00"}}, "tools[0].headers.X-Api-Key"),
         ({"headers": {"X-Api-Key": "sk-\x7f"}}, "tools[0].headers.X-Api-Key"),
@@ -230,8 +230,9 @@ def test_allowed_hosts_let_a_keyed_server_reach_loopback_and_every_failure_reads
         assert failed.output[0].type == "mcp_list_tools"
         errors.append(failed.output[0].error)
     assert errors[0] == errors[1] == f"Error listing the tools: {UNREACHABLE}"
+    unlisted: Any = {**mcp_tool(mcp_server), "server_url": "http://localhost:9/mcp"}
     with pytest.raises(openai.BadRequestError):  # not named by the allow list, although it is the same address
-        client.responses.create(input="x", tools=[{**mcp_tool(mcp_server), "server_url": "http://localhost:9/mcp"}])
+        client.responses.create(input="x", tools=[unlisted])
 
 
 def test_a_secret_quoted_by_a_failing_server_is_redacted_everywhere(
