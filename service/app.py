@@ -20,9 +20,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import stream_record
 from service.commands import Commands
 from service.config import Settings
+from service.containers import Containers
 from service.errors import ApiError, MethodNotAllowed, NotFound, ServerError, StoreUnavailable
 from service.http.auth import Authenticator, AuthMiddleware
 from service.http.compaction_routes import routes as compaction_routes
+from service.http.container_routes import routes as container_routes
 from service.http.conversation_routes import routes as conversation_routes
 from service.http.routes import routes
 from service.limits import RateLimitMiddleware, RequestRateLimiter, SubscriberLimit
@@ -61,6 +63,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.stream_reader = stream_record.StreamReader(model.chat_format)  # fills compacted streams
         state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
         supervisor.tool_steps.sandbox_unavailable = state.sandbox_unavailable
+        containers = state.containers = supervisor.tool_steps.containers = Containers(db, supervisor.tool_steps.sandbox)
         state.commands = Commands(db, model, supervisor, notifier, settings)
         state.authenticator = Authenticator(db, settings.api_key)
         await state.authenticator.required()  # read while the store is surely up
@@ -81,6 +84,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
                 compact_streams=lambda batch: stream_record.compact_streams(
                     db, model.chat_format, window_seconds=settings.replay_window_seconds, batch_size=batch
                 ),
+                sweep_containers=lambda batch: containers.sweep(batch_size=batch),
             ),
             name="retention-sweeper",
         )
@@ -97,7 +101,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             await db.dispose()
 
     return Starlette(
-        routes=compaction_routes + conversation_routes + routes,
+        routes=compaction_routes + conversation_routes + container_routes + routes,
         lifespan=lifespan,
         middleware=[
             Middleware(RequestContextMiddleware, routes=routes),

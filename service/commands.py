@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,6 +17,7 @@ from service import observability as metrics
 from service import tool_setup
 from service.config import Settings
 from service.constraints.plan import constraint_spec
+from service.containers import Containers
 from service.conversations.service import Conversations
 from service.errors import InvalidRequest, NotFound
 from service.limits import check_runs
@@ -33,6 +36,7 @@ from service.protocol import (
 from service.protocol.tools import McpToolChoice
 from service.run_state import sampling_fact
 from service.runs import RunSupervisor
+from service.server_items import wants_auto_container
 from service.store import leases, read_models, recorder
 from service.store.schema import DEFAULT_PROJECT
 from service.stream_builder import StreamBuilder
@@ -152,6 +156,7 @@ class Commands:
                     lease_seconds=self.settings.lease_seconds,
                     project=project,
                     admit=self._admit,
+                    also=self._auto_container(response_id, response, project),
                 )
         except BaseException:
             self.supervisor.tool_steps.headers.pop(response_id, None)  # refused, or never written
@@ -159,6 +164,14 @@ class Commands:
         await self.notifier.publish([response_id])
         self.supervisor.wake()
         return CreatedResponse(response_id, response)
+
+    def _auto_container(
+        self, response_id: str, response: dict[str, Any], project: str
+    ) -> Callable[[Any], Awaitable[None]] | None:
+        """`{"container": {"type": "auto"}}`: the response's own container, made in its create transaction."""
+        if self.supervisor.tool_steps.containers is None or not wants_auto_container(response.get("tools") or []):
+            return None
+        return functools.partial(Containers.insert_auto, response_id=response_id, project=project)
 
     def _admit(self, project_runs: int, all_runs: int) -> None:
         """429 past the project's runs in flight, 503 past the server's queue bound (see limits.py); checked
@@ -193,6 +206,7 @@ class Commands:
             sandbox_unavailable=steps.sandbox_unavailable,
             chat_format=self.runtime.chat_format.name,
             forced_label=choice.server_label if isinstance(choice := request.tool_choice, McpToolChoice) else None,
+            check_container=None if (c := steps.containers) is None else functools.partial(c.check, project=project),
         )
         # The model sees function and custom tools as given, and each server's tools in its namespace.
         tools = [t for t in tools if t not in tool_setup.server_specs(tools)] + server_tools.model_tools
@@ -342,6 +356,8 @@ class Commands:
         if not is_response_id(response_id) or not await recorder.delete_response(self.db, response_id, project=project):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         await self.notifier.publish([response_id])
+        if self.supervisor.tool_steps.containers is not None:  # its `auto` container's row, then files
+            await self.supervisor.tool_steps.containers.delete_for_response(response_id)
 
     async def get(self, response_id: str, *, project: str) -> dict[str, Any]:
         """A stored response of `project` as clients see it; store=false responses are never visible."""

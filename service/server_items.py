@@ -46,12 +46,29 @@ def classify(recipient: str | None, tools: list[dict[str, Any]]) -> ServerCall |
     return ServerCall("mcp_approval_request" if needs_approval else "mcp_call", label, name)
 
 
-def container_id(response_id: str, tools: list[dict[str, Any]]) -> str:
-    """The code interpreter's container: the one the request names, else one per response."""
-    for tool in tools:
-        if tool.get("type") == "code_interpreter" and isinstance(tool.get("container"), str):
-            return str(tool["container"])
+def auto_container_id(response_id: str) -> str:
+    """A response's `auto` container: derived from its (random, server-minted) id, so a resumed run finds
+    the same one; its `containers` row is written in the response's create transaction."""
     return "cntr_" + response_id.removeprefix("resp_")
+
+
+def named_container(tools: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """The container a request's code_interpreter tool names (its index in `tools`, its id), if any."""
+    for index, tool in enumerate(tools):
+        if tool.get("type") == "code_interpreter" and isinstance(tool.get("container"), str):
+            return index, str(tool["container"])
+    return None
+
+
+def wants_auto_container(tools: list[dict[str, Any]]) -> bool:
+    return any(t.get("type") == "code_interpreter" and isinstance(t.get("container"), dict) for t in tools)
+
+
+def container_id(response_id: str, tools: list[dict[str, Any]]) -> str:
+    """The code interpreter's container: the one the request names (checked to be its project's, live
+    container at create and again when code runs), else the response's own `auto` one."""
+    named = named_container(tools)
+    return named[1] if named is not None else auto_container_id(response_id)
 
 
 def new_item(call: ServerCall, item_id: str, response_id: str, tools: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +54,11 @@ async def prepare(
     sandbox_unavailable: str | None,
     chat_format: str,
     forced_label: str | None = None,
+    check_container: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> PreparedTools:
     """Raises InvalidRequest (400) for what the client got wrong; an unreachable server is an item error, or a
-    424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on."""
+    424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on.
+    `check_container(container_id, param)` raises NotFound unless a named container is the project's, live."""
     specs = server_specs(raw_tools)
     prepared = PreparedTools()
     _find_approval(prepared, history, input_items)
@@ -89,6 +91,8 @@ async def prepare(
                     param=f"tools[{index}].type",
                     code="unsupported_tool",
                 )
+            if isinstance(spec.get("container"), str) and check_container is not None:
+                await check_container(spec["container"], f"tools[{index}].container")
             limit = settings.code_interpreter_max_code_chars
             prepared.model_tools.append({"type": "python", **({"max_code_chars": limit} if limit else {})})
             continue

@@ -14,6 +14,7 @@ from typing import Any
 
 from service import agent_loop
 from service.config import Settings
+from service.containers import Containers
 from service.engine.base import LogitsConstraint
 from service.prompting import harmony_tools
 from service.prompting.base import ChatFormat, PromptRequest
@@ -23,6 +24,7 @@ from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
 from service.server_items import container_id
 from service.store.event_log import StoredFact
 from service.store.recorder import RunWrite
+from service.store.schema import DEFAULT_PROJECT
 from service.tool_state import segment_constraint_spec
 from service.tools import sandbox_from_settings, secrets
 from service.tools.base import ToolResult
@@ -98,6 +100,7 @@ class ToolSteps:
         )
         self.sandbox = sandbox_from_settings(settings)
         self.sandbox_unavailable: str | None = None  # set at start-up (service.tools.report_sandbox)
+        self.containers: Containers | None = None  # set at start-up (app.py): who may use which container
         self.result_tokens = result_tokens_for(chat_format)
         # Foreground runs' MCP headers, in memory only (a foreground run does not outlive its process).
         self.headers: dict[str, dict[str, dict[str, str]]] = {}
@@ -116,7 +119,7 @@ class ToolSteps:
         tools: list[dict[str, Any]] = run.fact["response"].get("tools") or []
         for spec in tools:
             if spec.get("type") == "code_interpreter":
-                registry.add("python", CodeInterpreter(self.sandbox, container_id(run.response_id, tools)))
+                registry.add("python", self._interpreter(run, container_id(run.response_id, tools)))
             elif spec.get("type") == "mcp":
                 label = spec["server_label"]
                 try:
@@ -128,6 +131,19 @@ class ToolSteps:
                     label, McpServerTool(self.connector, spec["server_url"], headers, allowed_tool_names(spec))
                 )
         return registry
+
+    def _interpreter(self, run: ActiveRun, container: str) -> CodeInterpreter:
+        """Runs in the container only if it is still the run's project's (checked when the code runs)."""
+        project = str(run.fact.get("project") or DEFAULT_PROJECT)
+        containers = self.containers
+
+        async def open_container() -> str | None:
+            assert containers is not None
+            return await containers.open_for_run(container, project=project, response_id=run.response_id)
+
+        return CodeInterpreter(
+            self.sandbox, container, tenant=project, open_container=None if containers is None else open_container
+        )
 
     def _headers(self, run: ActiveRun, label: str) -> dict[str, str]:
         remembered = self.headers.get(run.response_id, {}).get(label)

@@ -6,7 +6,7 @@ or one engine step of every run a worker owns (group commit).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,10 +78,12 @@ async def create_response(
     lease_seconds: float,
     project: str = DEFAULT_PROJECT,
     admit: Callable[[int, int], None] | None = None,
+    also: Callable[[Any], Awaitable[None]] | None = None,
 ) -> None:
     """`admit(project_runs, all_runs)`: called with the runs queued or generating (the project's, every
     project's) inside the transaction, before anything is written; it raises to refuse the run. Counted
-    under the append lock, so two creates cannot both take the last place, and in the same round trip."""
+    under the append lock, so two creates cannot both take the last place, and in the same round trip.
+    `also(connection)`: more rows written in the same transaction (a response's `auto` container)."""
     response_id = response["id"]
 
     async def create(connection: Any) -> None:
@@ -95,6 +97,8 @@ async def create_response(
         await leases.enqueue(
             connection, response_id, background=background, owner=None, lease_seconds=lease_seconds, project=project
         )
+        if also is not None:
+            await also(connection)
 
     await write_transaction(engine, create)  # on SQLite: one thread hop
 

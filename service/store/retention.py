@@ -103,12 +103,17 @@ async def run_sweeper(
     batch_size: int,
     compaction_grace: float,
     compact_streams: Callable[[int], Awaitable[int]] | None = None,
+    sweep_containers: Callable[[int], Awaitable[int]] | None = None,
 ) -> None:
     """Every `interval_seconds` until cancelled: delete what expired, fold the token facts of finished
     runs (log_compaction), then compact the streams past the replay window (`compact_streams(batch)`,
-    service/stream_record.py). Store errors are logged and retried next time."""
+    service/stream_record.py). Store errors are logged and retried next time. `sweep_containers(batch)`
+    (service/containers.py) deletes expired code-interpreter containers and those of deleted responses,
+    then their files, and any container directory left without a row; it runs whatever the horizon."""
     while True:
         try:
+            if sweep_containers is not None and (gone := await sweep_containers(batch_size)):
+                log.info("retention: deleted %d containers", gone)
             swept = await sweep(db, retention_days=retention_days, batch_size=batch_size)
             if swept.responses or swept.conversations or swept.compactions:
                 log.info(

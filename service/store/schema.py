@@ -11,6 +11,7 @@ keep them stable and documented in the README's "SQL inspection" section.
   and `runs.project` name the owner; every read, cancel and delete filters on it in its SQL.
 - `compactions`: the kept context of each compaction (not a projection; retention purges it by age).
   `server_keys`: random keys created once, used when SERVICE_SECRET_KEY is unset.
+- `containers`: the code interpreter's containers, each owned by a project (not a projection).
 """
 
 from __future__ import annotations
@@ -145,6 +146,23 @@ compactions = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),  # unix seconds
     sa.Column("data", sa.Text, nullable=False),
     sa.Index("ix_compactions_created_at", "created_at"),
+)
+
+# Code-interpreter containers (service/containers.py): ids minted by the server (`cntr_…`), owned by a project;
+# an `auto` one belongs to the response that made it (`response_id`). The work directory of each lives under
+# SERVICE_SANDBOX_DIR; retention removes expired rows (last_active_at + expires_after_minutes) and their files.
+containers = sa.Table(
+    "containers",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),  # cntr_…
+    sa.Column("project", sa.String(128), nullable=False),  # the owner
+    sa.Column("name", sa.String(256), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),  # unix seconds
+    sa.Column("last_active_at", sa.Float, nullable=False),  # unix seconds; each code run moves it
+    sa.Column("expires_after_minutes", sa.Integer, nullable=False),  # idle minutes after last_active_at
+    sa.Column("response_id", sa.String(64), nullable=True, index=True),  # the response of an `auto` container
+    sa.Column("status", sa.String(16), nullable=False),  # 'running'
+    sa.Index("ix_containers_project_created", "project", "created_at"),
 )
 
 # Random keys created once (migration 0004) and shared by every replica: used when SERVICE_SECRET_KEY is unset.
