@@ -27,6 +27,7 @@ from service.http.compaction_routes import routes as compaction_routes
 from service.http.container_routes import routes as container_routes
 from service.http.conversation_routes import routes as conversation_routes
 from service.http.routes import routes
+from service.http.websocket import routes as websocket_routes
 from service.limits import RateLimitMiddleware, RequestRateLimiter, SubscriberLimit
 from service.model_runtime import ModelRuntime
 from service.models import load_runtime
@@ -101,7 +102,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             await db.dispose()
 
     return Starlette(
-        routes=compaction_routes + conversation_routes + container_routes + routes,
+        routes=compaction_routes + conversation_routes + container_routes + routes + websocket_routes,
         lifespan=lifespan,
         middleware=[
             Middleware(RequestContextMiddleware, routes=routes),

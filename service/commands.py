@@ -7,6 +7,7 @@ import functools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,6 +44,10 @@ from service.stream_builder import StreamBuilder
 from service.tool_setup import PreparedTools
 from service.tool_steps import approved_prompt
 from service.tools.secrets import redact
+
+# store=false responses the current caller may continue from with previous_response_id: a WebSocket connection's
+# own (service/http/websocket.py), kept for it as OpenAI keeps them; nowhere else is a store=false response read.
+continuable_unstored: ContextVar[frozenset[str]] = ContextVar("continuable_unstored", default=frozenset())
 
 
 @dataclass(frozen=True)
@@ -292,7 +297,9 @@ class Commands:
             )
         async with self.db.connect() as connection:
             previous = await read_models.get_response(connection, previous_response_id, project=project)
-            if previous is None or previous.get("store") is False:
+            if previous is None or (
+                previous.get("store") is False and previous_response_id not in continuable_unstored.get()
+            ):
                 raise NotFound(
                     f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
                 )

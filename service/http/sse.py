@@ -96,10 +96,13 @@ _DELTA_TYPES = frozenset(
 )
 
 
+def event_json(stored: StoredEvent, *, obfuscate: bool = False) -> str:
+    """The event's JSON as a client receives it (an SSE frame's data, a WebSocket text frame)."""
+    return _with_obfuscation(stored.data) if obfuscate and stored.type in _DELTA_TYPES else stored.data
+
+
 def sse_frame(stored: StoredEvent, *, obfuscate: bool = False) -> bytes:
-    data = stored.data
-    if obfuscate and stored.type in _DELTA_TYPES:
-        data = _with_obfuscation(data)
+    data = event_json(stored, obfuscate=obfuscate)
     # U+2028/U+2029 are legal raw in JSON strings but some SSE clients split lines on them.
     data = data.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     return f"event: {stored.type}\nid: {stored.sequence_number}\ndata: {data}\n\n".encode()
