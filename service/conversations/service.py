@@ -65,7 +65,7 @@ class Conversations:
             await self._require(connection, conversation_id, project=project)
             first = await store.next_ordinal(connection, conversation_id)
             items = normalize_items(list(request.items), conversation_id, key="item", first_index=first)
-            entries = await store.add_items(connection, conversation_id, items)
+            entries = await store.add_items(connection, conversation_id, items, first_ordinal=first)
         data = [entry["item"] for entry in entries]
         return {
             "object": "list",
@@ -78,23 +78,26 @@ class Conversations:
     async def list_items(
         self, conversation_id: str, *, after: str | None, limit: int, order: Literal["asc", "desc"], project: str
     ) -> dict[str, Any]:
+        """One page, chosen in SQL: `after` is found on the item-id index and the page read on the
+        primary key with one row more than `limit` (which says `has_more`)."""
         async with self.db.connect() as connection:
             await self._require(connection, conversation_id, project=project)
-            items = [item for _, item in await store.list_entries(connection, conversation_id)]
-        if order == "desc":
-            items.reverse()
-        if after is not None:
-            ids = [item["id"] for item in items]
-            if after not in ids:
-                raise InvalidRequest(f"No item with id '{after}' in this conversation.", param="after")
-            items = items[ids.index(after) + 1 :]
-        page = items[:limit]
+            after_ordinal = None
+            if after is not None:
+                # A repeated id: the page follows its first occurrence in `order`.
+                after_ordinal = await store.ordinal_of(connection, conversation_id, after, last=order == "desc")
+                if after_ordinal is None:
+                    raise InvalidRequest(f"No item with id '{after}' in this conversation.", param="after")
+            rows = await store.page_entries(
+                connection, conversation_id, after_ordinal=after_ordinal, limit=limit + 1, order=order
+            )
+        page = [item for _, item in rows[:limit]]
         return {
             "object": "list",
             "data": page,
             "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
+            "has_more": len(rows) > limit,
         }
 
     async def get_item(self, conversation_id: str, item_id: str, *, project: str) -> dict[str, Any]:

@@ -82,7 +82,14 @@ async def check_database(database_url: str) -> Report:
             }
             item_ids = set((await connection.scalars(sa.select(conversation_items.c.response_id).distinct())).all())
             stored_conversations = {
-                row.id: (row.created_at, json.loads(row.metadata), row.updated_at, row.last_position, row.project)
+                row.id: (
+                    row.created_at,
+                    json.loads(row.metadata),
+                    row.updated_at,
+                    row.last_position,
+                    row.project,
+                    row.next_ordinal,
+                )
                 for row in await connection.execute(
                     sa.select(
                         conversations.c.id,
@@ -91,6 +98,7 @@ async def check_database(database_url: str) -> Report:
                         conversations.c.updated_at,
                         conversations.c.last_position,
                         conversations.c.project,
+                        conversations.c.next_ordinal,
                     )
                 )
             }
@@ -146,7 +154,7 @@ async def check_database(database_url: str) -> Report:
 def _check_conversation(
     cid: str,
     stored_events: list[event_log.StoredEvent],
-    stored_row: tuple[float, dict[str, Any], float, int, str] | None,
+    stored_row: tuple[float, dict[str, Any], float, int, str, int] | None,
     stored_entries: list[tuple[Any, ...]],
 ) -> list[Problem]:
     """A conversation's stream: 0..N without gaps, and projection rows equal to a fresh fold."""
@@ -160,11 +168,18 @@ def _check_conversation(
         return [*problems, Problem(cid, f"the log does not fold into a conversation ({type(exc).__name__}: {exc})")]
     if stored_row is None:
         return [*problems, Problem(cid, "no row in conversations")]
-    created_at, metadata, updated_at, last_position, project = stored_row
+    created_at, metadata, updated_at, last_position, project, next_ordinal = stored_row
     conversation = state.conversation
     fold_position = stored_events[-1].position
-    expected = (conversation["created_at"], conversation["metadata"], state.updated_at, fold_position, state.project)
-    if (int(created_at), metadata, updated_at, last_position, project) != expected:
+    expected = (
+        conversation["created_at"],
+        conversation["metadata"],
+        state.updated_at,
+        fold_position,
+        state.project,
+        state.next_ordinal,
+    )
+    if (int(created_at), metadata, updated_at, last_position, project, next_ordinal) != expected:
         problems.append(Problem(cid, "the conversations row differs from a fresh fold of the log"))
     fresh = [
         (entry["ordinal"], entry["item"]["id"], entry["response_id"], entry["source"], encode(entry["item"]))

@@ -119,6 +119,8 @@ conversations = sa.Table(
     sa.Column("project", sa.String(128), nullable=False, server_default=DEFAULT_PROJECT),  # the owner
     sa.Column("updated_at", sa.Float, nullable=False),  # unix seconds of its last event (retention counts from it)
     sa.Column("last_position", sa.BigInteger, nullable=False),  # events.position folded so far
+    # One past the highest item ordinal ever used, deleted items included (an append reads it instead of the log).
+    sa.Column("next_ordinal", sa.Integer, nullable=False, server_default="0"),
 )
 
 conversation_entries = sa.Table(
