@@ -35,11 +35,14 @@ Layers, outermost first:
     outlives the service process (a restart keeps the files) until `remove()` unmounts it (lazily) and deletes
     the directory. A container directory that already holds files and is not a mount (made before this
     mechanism) is left as it is and falls under the measured cap below;
-  - otherwise (not root, or the mount failed): measured. While code runs, its directory is walked every 0.1 s
-    (`st_blocks`, links not followed); once it holds more than `disk_bytes` and more than when the run began, the
-    execution is killed and the result says `[killed: work directory over its size limit]`. Weaker: what is
-    written between two walks passes the cap (bounded by write speed x 0.1 s and `file_bytes` per file) and the
-    files stay until the code removes them (a run that does not grow the directory is not killed);
+  - otherwise (not root, or the mount failed): measured. The bound is `disk_bytes`, or the directory's size when
+    the run began if that was larger. While code runs, the directory is walked every 0.1 s (`st_blocks`, links
+    not followed) and the execution is killed once it is over the bound; after the run, if it is still over
+    (written between two walks, or faster than the first), the regular files modified during the run are
+    deleted, newest first, until it fits (by directory descriptor, links never followed). Either way the
+    result says `[killed: work directory over its size limit]`. Weaker than the tmpfs: while the run lasts the
+    directory may exceed the cap by what can be written in 0.1 s (disk speed; `file_bytes` per file), and the
+    host filesystem's free space is what is shared;
 - fairness: `run(..., tenant=...)` waits for a place in a gate of `max_concurrent` executions at once and
   `max_per_tenant` per tenant (the project). Waiters queue instead of failing; a freed place goes to the waiter
   whose tenant holds the fewest places, the earliest among equals (service/tools/fair_gate.py). The wall clock
@@ -66,7 +69,9 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,6 +291,11 @@ class Sandbox:
                 await asyncio.to_thread(cgroups.remove, dirs)
 
     async def _run(self, workdir: Path, code: str, cgroup_dirs: list[Path]) -> SandboxResult:
+        # Where the kernel does not cap the directory (no tmpfs mounted on it), its size is measured instead:
+        # it may not end a run above the cap (or above its size at the start, when it was already over).
+        measured = not os.path.ismount(workdir)
+        disk_bound = max(self.limits.disk_bytes, await asyncio.to_thread(_usage, workdir)) if measured else 0
+        started = time.time()
         proc = await asyncio.create_subprocess_exec(
             *self.command(workdir, cgroup_dirs),
             stdin=asyncio.subprocess.PIPE,
@@ -320,19 +330,16 @@ class Sandbox:
                     _kill(proc.pid)  # then read on to the end of the pipe, discarding
 
         async def watch_disk() -> None:
-            # Only where the kernel does not cap the directory (no tmpfs mounted on it): measure while it runs.
-            start = await asyncio.to_thread(_usage, workdir)
             while proc.returncode is None:
                 await asyncio.sleep(_DISK_POLL_SECONDS)
-                used = await asyncio.to_thread(_usage, workdir)
-                if used > self.limits.disk_bytes and used > start:
+                if await asyncio.to_thread(_usage, workdir) > disk_bound:
                     disk_full.set()
                     _kill(proc.pid)
                     return
 
         out, err = bytearray(), bytearray()
         timed_out = False
-        watcher = None if os.path.ismount(workdir) else asyncio.ensure_future(watch_disk())
+        watcher = asyncio.ensure_future(watch_disk()) if measured else None
         work = asyncio.gather(feed(), drain(proc.stdout, out), drain(proc.stderr, err), proc.wait())
         try:
             await asyncio.wait_for(asyncio.shield(work), timeout=self.limits.wall_seconds)
@@ -350,6 +357,10 @@ class Sandbox:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
+            if measured and await asyncio.to_thread(_usage, workdir) > disk_bound:
+                # Written between two walks or after the last: this run's newest files go until it fits again.
+                disk_full.set()
+                await asyncio.to_thread(_trim, workdir, disk_bound, started)
         return SandboxResult(
             stdout=out.decode("utf-8", "replace"),
             stderr=err.decode("utf-8", "replace"),
@@ -404,6 +415,33 @@ class Sandbox:
             f"{memory}; {procs}; {disk}; /dev/shm {lim.shm_bytes // mib} MiB, /tmp {lim.tmp_bytes // mib} MiB;"
             f" {lim.max_concurrent} executions at once, {lim.max_per_tenant} per project"
         )
+
+
+def _trim(path: Path, bound: int, since: float) -> None:
+    """Delete regular files modified since `since`, newest first, until `path` holds at most `bound` bytes.
+
+    Walks and deletes by directory descriptor, never following links, so code still running in the container
+    cannot redirect a deletion outside it by swapping a directory for a symbolic link."""
+    used = _usage(path)
+    recent: list[tuple[float, int, str, str]] = []
+    for dirpath, _, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_mtime >= since - 1:
+                    recent.append((st.st_mtime, st.st_blocks * 512, dirpath, name))
+    doomed: set[tuple[str, str]] = set()
+    for _, size, dirpath, name in sorted(recent, reverse=True):
+        if used <= bound:
+            break
+        doomed.add((dirpath, name))
+        used -= size
+    # A second walk deletes by the directory's descriptor (descriptors are not held between the two walks).
+    for dirpath, _, files, dir_fd in os.fwalk(path, follow_symlinks=False):
+        for name in files:
+            if (dirpath, name) in doomed:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
 
 
 def _usage(path: Path) -> int:
