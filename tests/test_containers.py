@@ -176,10 +176,19 @@ def test_retention_removes_expired_containers_and_leftover_directories(
     assert "expired" in refused.value.message
     # A directory left by a crash between a delete's commit and its file removal.
     (sandbox_dir / "cntr_left_behind").mkdir()
+    # A response's `auto` container, whose response retention will purge.
+    purged = _run_code(client, {"type": "auto"})
+    auto = _code_call(purged).container_id
+    assert (sandbox_dir / auto).is_dir()
     server.stop()
 
-    server = server_factory(database_url, **_env(sandbox_dir, SERVICE_RETENTION_SWEEP_SECONDS="0.3")).start()
+    horizon = {"SERVICE_RETENTION_DAYS": str(1 / 86_400), "SERVICE_RETENTION_SWEEP_SECONDS": "0.3"}
+    server = server_factory(database_url, **_env(sandbox_dir, **horizon)).start()
     client = client_for(server.url)
+    assert _until(lambda: not (sandbox_dir / auto).exists()), "a purged response's auto container goes with it"
+    assert sql_rows(database_url, "SELECT id FROM containers WHERE id = :id", id=auto) == []
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(purged.id)
     assert _until(lambda: not (sandbox_dir / old.id).exists()), "the expired container's files are removed"
     assert _until(lambda: not (sandbox_dir / "cntr_left_behind").exists()), "a leftover directory is removed"
     with pytest.raises(openai.NotFoundError):
