@@ -6,9 +6,12 @@ errors as HTTP, as `error` events that leave the connection usable; a dropped so
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -18,8 +21,12 @@ import websockets.sync.client
 from openai.resources.responses.responses import ResponsesConnection
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
 from pydantic import TypeAdapter
+from starlette.types import Message
+from starlette.websockets import WebSocket
 from websockets.exceptions import InvalidStatus
 
+from service.http.auth import AuthFailed, Identity
+from service.http.websocket import responses_socket
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, wait_until_terminal
 from tests.conftest import ServerProcess, server_on_backend
 from tests.test_conformance import assert_event_conforms
@@ -195,14 +202,47 @@ def test_a_lane_runs_its_responses_in_order_and_echoes_its_stream_id(client: ope
     assert first[0]["response"]["id"] != second[0]["response"]["id"]
 
 
-def test_dropping_the_socket_cancels_the_run(client: openai.OpenAI) -> None:
-    connection = client.responses.connect().enter()
-    _send(connection, {"type": "response.create", "model": MODEL, "input": "I will hang up", "max_output_tokens": LONG})
-    created = json.loads(connection.recv_bytes())
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_dropping_the_socket_cancels_the_run(client: openai.OpenAI, server: ServerProcess, how: str) -> None:
+    event = {"type": "response.create", "model": MODEL, "input": "I will hang up", "max_output_tokens": LONG}
+    if how == "close":  # the SDK closes the connection (a close frame)
+        connection = client.responses.connect().enter()
+        _send(connection, event)
+        created = json.loads(connection.recv_bytes())
+        connection.close()
+    else:  # the TCP connection is reset: no close frame at all
+        with websockets.sync.client.connect(server.url.replace("http://", "ws://") + "/v1/responses") as ws:
+            ws.send(json.dumps(event))
+            created = json.loads(ws.recv())
+            ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            ws.socket.close()
     assert created["type"] == "response.created"
-    connection.close()
     final = wait_until_terminal(client, created["response"]["id"], timeout=60)
     assert final.status == "cancelled"
+
+
+async def test_without_the_denial_extension_a_refused_upgrade_is_an_error_event_then_close_1008() -> None:
+    """Where the ASGI server cannot answer the handshake with an HTTP response, the refusal is OpenAI's error event."""
+
+    class Refusing:
+        async def identify(self, header: bytes | None) -> Identity:
+            raise AuthFailed("Invalid API key.")
+
+    app = SimpleNamespace(state=SimpleNamespace(authenticator=Refusing()))
+    scope = {"type": "websocket", "path": "/v1/responses", "headers": [], "app": app, "extensions": {}}
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "websocket.connect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await responses_socket(WebSocket(scope, receive, send))
+    assert [m["type"] for m in sent] == ["websocket.accept", "websocket.send", "websocket.close"]
+    error = WS_ERROR.validate_json(sent[1]["text"], strict=True)
+    assert error.status == 401 and error.error.type == "authentication_error" and error.error.code == "invalid_api_key"
+    assert sent[2]["code"] == 1008
 
 
 def test_an_upgrade_without_a_good_key_is_a_401_in_openais_shape(tmp_path: Path, server_factory: ServerFactory) -> None:
