@@ -195,3 +195,20 @@ def test_retention_removes_expired_containers_and_leftover_directories(
         client.containers.retrieve(old.id)
     assert (sandbox_dir / fresh.id / "out.csv").read_text() == "1,2\n"
     assert client.containers.retrieve(fresh.id).status == "running"
+
+
+async def test_code_runs_only_in_a_container_still_its_projects(db: Any, tmp_path: Path) -> None:
+    """Checked again when code runs: deleted, foreign or expired since the request was accepted is refused."""
+    from service.containers import Containers
+    from service.store import containers as store
+    from service.tools.sandbox import Sandbox
+
+    boxes = Containers(db, Sandbox(tmp_path / "sandbox"))
+    mine = await boxes.create(project="a", name="mine", expires_after_minutes=1)
+    assert await boxes.open_for_run(mine["id"], project="a", response_id="resp_x") is None
+    assert "not found" in str(await boxes.open_for_run(mine["id"], project="b", response_id="resp_x"))
+    async with db.begin() as connection:
+        await store.touch(connection, mine["id"], time.time() - 120)
+    assert "expired" in str(await boxes.open_for_run(mine["id"], project="a", response_id="resp_x"))
+    await boxes.delete(mine["id"], project="a")
+    assert "not found" in str(await boxes.open_for_run(mine["id"], project="a", response_id="resp_x"))
