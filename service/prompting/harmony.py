@@ -27,8 +27,10 @@ from service.constraints.tokenizer import harmony_tokenizer
 from service.prompting.base import ConversationItem, FunctionTool, PromptRequest
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab
 from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputParser
+from service.prompting.harmony_render import BoundedRenderer
 from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages
 from service.prompting.vocab import load_harmony
+from service.protocol.items import unseen_part_text
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 # We drop earlier turns' reasoning ourselves (see drop_earlier_reasoning), so tell harmony not to.
@@ -62,6 +64,8 @@ def _text_of(content: Any, *, item: ConversationItem) -> str:
             parts.append(part["text"])  # input_text, output_text, reasoning_text, summary_text, refusal-free text
         elif isinstance(part, dict) and part.get("type") == "refusal":
             parts.append(str(part.get("refusal", "")))
+        elif (unseen := unseen_part_text(part)) is not None:
+            parts.append(unseen)  # a tool returned an image or a file: the model is told it cannot see it
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ValueError(f"content part {kind!r} is not supported by the harmony format (item {item!r:.200})")
@@ -209,6 +213,7 @@ class HarmonyFormat:
     ) -> None:
         self.encoding = encoding if encoding is not None else load_harmony()
         self._vocab = _vocab_for(self.encoding)
+        self._renderer = BoundedRenderer(self.encoding)
         self._model_identity = model_identity
         self._start_date = conversation_start_date  # fixed string or None: prompts stay deterministic
         self._knowledge_cutoff = knowledge_cutoff
@@ -268,6 +273,12 @@ class HarmonyFormat:
         return head + drop_earlier_reasoning(items_to_messages(request.items))
 
     def render(self, request: PromptRequest) -> list[int]:
+        """What harmony's render_conversation_for_completion gives (analysis kept: we drop it ourselves), in
+        bounded native calls, so that a long run of one character cannot hold the GIL for seconds."""
+        return self._renderer.conversation_for_completion(self.messages(request))
+
+    def render_natively(self, request: PromptRequest) -> list[int]:
+        """The reference: harmony's own rendering, in one native call (tests compare render() with it)."""
         convo = Conversation.from_messages(self.messages(request))
         return list(self.encoding.render_conversation_for_completion(convo, Role.ASSISTANT, _KEEP_ANALYSIS))
 
@@ -284,7 +295,7 @@ class HarmonyFormat:
         return str(self.encoding.decode([token_id]))
 
     def encode_text(self, text: str) -> list[int]:
-        return [int(t) for t in self.encoding.encode(text, disallowed_special=())]
+        return self._renderer.encode_text(text)  # in bounded pieces (see bounded_encode)
 
     def count_tokens(self, text: str) -> int:
         return len(self.encode_text(text))

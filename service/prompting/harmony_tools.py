@@ -12,6 +12,8 @@ from typing import Any
 
 from openai_harmony import Author, HarmonyEncoding, Message, Role
 
+from service.prompting.harmony_render import BoundedRenderer
+
 # Output items of server-side tools, as they come back in a conversation's history.
 SERVER_ITEM_TYPES = frozenset(
     {"mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "code_interpreter_call"}
@@ -24,8 +26,9 @@ def tool_author(namespace: str, name: str) -> str:
 
 
 def tool_result_tokens(encoding: HarmonyEncoding, author: str, text: str) -> list[int]:
-    """Tokens to append after a call's `<|call|>`: the tool's message, then `<|start|>assistant`."""
-    return list(encoding.render(tool_message(author, text))) + list(
+    """Tokens to append after a call's `<|call|>`: the tool's message, then `<|start|>assistant`. The output is
+    tokenized in bounded pieces (see bounded_encode): a megabyte of one character must not hold the GIL."""
+    return BoundedRenderer(encoding).message(tool_message(author, text)) + list(
         encoding.encode("<|start|>assistant", allowed_special="all")
     )
 
