@@ -8,6 +8,7 @@ write and return once it is committed) and takes the run back when `run_call` re
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -184,4 +185,6 @@ class ToolSteps:
         result = await agent_loop.execute(
             run.segment.calls, call, registry, log_fact, timeout_seconds=self.settings.tool_timeout_seconds
         )
-        run.segment.next_segment(self.result_tokens(namespace, name, result.output, result.error))
+        # Off the event loop: a long output takes a while to tokenize (in bounded calls that let the loop run).
+        tokens = await asyncio.to_thread(self.result_tokens, namespace, name, result.output, result.error)
+        run.segment.next_segment(tokens)
