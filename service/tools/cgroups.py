@@ -13,6 +13,7 @@ is "none" and the caller falls back to rlimits.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import signal
@@ -117,8 +118,9 @@ def _procs(path: Path) -> list[int]:
         return []
 
 
+@functools.cache
 def detect() -> Cgroups:
-    """What this process may use; a probe child is made and removed for each candidate."""
+    """What this process may use (found once); a probe child is made and removed for each candidate."""
     mounts = _mounts()
     own = _own_cgroups()
     v2 = _own_dir(mounts, own, "cgroup2", "")
