@@ -1,8 +1,11 @@
 """Remote MCP servers over streamable HTTP (the official `mcp` SDK): URL policy, listing tools, calling one.
 
 Nothing here knows about HTTP requests to this service or the log. Errors a client caused (a bad or refused
-`server_url`) raise `McpUrlRefused`; a server that cannot be reached, times out or answers with an error
-raises `McpServerError`, whose message becomes an output item's `error`.
+`server_url`) raise `McpUrlRefused`; a server that cannot be reached, times out or does not speak MCP raises
+`McpServerError` with one message for all of these (the detail goes to this server's own log), which becomes
+an output item's `error`. Every error text that leaves the connector has the request's header values redacted
+(`secrets.redact_text`). Connections go through `_GuardedBackend`, which applies `McpAddressPolicy` to the
+addresses actually connected to.
 """
 
 from __future__ import annotations
