@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.errors import NotFound
+from service.errors import InvalidRequest, NotFound
 from service.server_items import auto_container_id
 from service.store import containers as store
 from service.tools.sandbox import Sandbox
@@ -41,6 +41,8 @@ class Containers:
     # -- the Containers API ------------------------------------------------------------------------------
 
     async def create(self, *, project: str, name: str, expires_after_minutes: int) -> dict[str, Any]:
+        if "\x00" in name:
+            raise InvalidRequest("name must not contain NUL characters.", param="name")
         now = time.time()
         async with self.db.begin() as connection:
             container = await store.insert(
@@ -54,6 +56,8 @@ class Containers:
         return container.as_object(now)
 
     async def get(self, container_id: str, *, project: str) -> dict[str, Any]:
+        if not _NAME.match(container_id):  # not an id this server could have made (PostgreSQL refuses NUL)
+            raise not_found(container_id, param="container_id")
         async with self.db.connect() as connection:
             container = await store.get(connection, container_id, project=project)
         if container is None:
@@ -63,6 +67,10 @@ class Containers:
     async def list_page(
         self, *, project: str, after: str | None, limit: int, order: Literal["asc", "desc"], name: str | None
     ) -> dict[str, Any]:
+        if after is not None and not _NAME.match(after):
+            raise not_found(after, param="after")
+        if name is not None and "\x00" in name:
+            raise InvalidRequest("name must not contain NUL characters.", param="name")
         async with self.db.connect() as connection:
             found = await store.page(connection, project=project, after=after, limit=limit, order=order, name=name)
         if found is None:
@@ -79,6 +87,8 @@ class Containers:
         }
 
     async def delete(self, container_id: str, *, project: str) -> dict[str, Any]:
+        if not _NAME.match(container_id):
+            raise not_found(container_id, param="container_id")
         async with self.db.begin() as connection:
             if await store.get(connection, container_id, project=project) is None:
                 raise not_found(container_id, param="container_id")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -88,6 +89,15 @@ def test_containers_crud_through_the_sdk(database_url: str, server_factory: Serv
     assert page.has_more and len(page.data) == 2
     assert [c.id for c in client.containers.list(name="box 1")] == [created[1].id]
     default = client.containers.create(name="defaults")
+    # Ids this server could not have made are a 404 before any query (PostgreSQL refuses NUL in text).
+    for method, path in (
+        ("GET", "/v1/containers/a%00b"),
+        ("DELETE", "/v1/containers/a%00b"),
+        ("GET", "/v1/containers?after=a%00b"),
+    ):
+        assert httpx.request(method, server.url + path).status_code == 404
+    assert httpx.post(server.url + "/v1/containers", json={"name": "a\x00b"}).status_code == 400
+    assert httpx.get(server.url + "/v1/containers", params={"name": "a\x00b"}).status_code == 400
     assert default.expires_after is not None and default.expires_after.minutes == 20
 
     # Code runs in a named container, in its directory; deleting the container removes it.
