@@ -5,6 +5,7 @@ errors as HTTP, as `error` events that leave the connection usable; a dropped so
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import struct
@@ -25,8 +26,10 @@ from starlette.types import Message
 from starlette.websockets import WebSocket
 from websockets.exceptions import InvalidStatus
 
-from service.http.auth import AuthFailed, Identity
-from service.http.websocket import responses_socket
+from service.commands import CreatedResponse
+from service.http.auth import ANONYMOUS, AuthFailed, Identity
+from service.http.websocket import _Connection, responses_socket
+from service.protocol import parse_create_request
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, wait_until_terminal
 from tests.conftest import ServerProcess, server_on_backend
 from tests.test_conformance import assert_event_conforms
@@ -288,3 +291,29 @@ def test_raw_events_helper_sees_websocket_responses(client: openai.OpenAI, serve
         events = _create(connection, input="resume me", store=True)
     response_id = events[0]["response"]["id"]
     assert raw_events(server.url, response_id, after=2) == events[3:]
+
+
+async def test_a_socket_dropped_while_its_create_commits_still_cancels_the_run() -> None:
+    """The lane is cancelled (the socket dropped) after Commands.create began: the create is seen through and the
+    run it made is cancelled like any whose client left (forgotten too with store=false)."""
+    release = asyncio.Event()
+    cancelled: list[tuple[str, bool]] = []
+
+    class SlowCommands:
+        async def create(self, create: Any, *, project: str, compaction_item: Any) -> CreatedResponse:
+            await release.wait()  # committing
+            return CreatedResponse("resp_dropped", {})
+
+        async def cancel_foreground(self, response_id: str, *, project: str, forget: bool = False) -> None:
+            cancelled.append((response_id, forget))
+
+    state = SimpleNamespace(commands=SlowCommands(), background_tasks=set())
+    connection = _Connection(SimpleNamespace(app=SimpleNamespace(state=state)), ANONYMOUS)  # type: ignore[arg-type]
+    lane = asyncio.create_task(connection._create(parse_create_request({"input": "hi", "store": False}), None))
+    await asyncio.sleep(0.05)
+    lane.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await lane
+    await asyncio.gather(*state.background_tasks)
+    assert cancelled == [("resp_dropped", True)]

@@ -34,7 +34,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from service.commands import Commands, continuable_unstored
+from service.commands import Commands, CreatedResponse, continuable_unstored
 from service.errors import ApiError, InvalidRequest, NotFound, ServerError, StoreUnavailable, Unauthorized
 from service.http.auth import ANONYMOUS, Authenticator, AuthFailed, Identity
 from service.http.body import parse_json
@@ -43,7 +43,7 @@ from service.http.include_view import CI_OUTPUTS, hide_event_outputs
 from service.http.sse import event_json, tail_event_batches
 from service.limits import RateLimited
 from service.observability import project_var, response_id_var
-from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
+from service.protocol import TERMINAL_EVENT_TYPES, CreateResponseRequest, parse_create_request
 from service.store.faults import is_transient
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class _Connection:
         token = continuable_unstored.set(frozenset(self.unstored))
         try:
             create, compacted = await managed_create(request, parse_create_request(await read_create_body(request)))
-            created = await self.commands.create(create, project=self.identity.project, compaction_item=compacted)
+            created = await self._create(create, compacted)
         finally:
             continuable_unstored.reset(token)
         response_id_var.set(created.response_id)
@@ -197,6 +197,22 @@ class _Connection:
         outputs = CI_OUTPUTS in (create.include or [])
         obfuscate = bool(create.stream_options and create.stream_options.include_obfuscation)
         await self._stream(created.response_id, stream_id=stream_id, outputs=outputs, obfuscate=obfuscate)
+
+    async def _create(self, create: CreateResponseRequest, compacted: dict[str, Any] | None) -> CreatedResponse:
+        """Commands.create, seen through when the socket drops meanwhile: a run it made is then cancelled like any
+        whose client left, never left running for no one."""
+        creating = asyncio.ensure_future(
+            self.commands.create(create, project=self.identity.project, compaction_item=compacted)
+        )
+        try:
+            return await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            self._later(self._cancel_once_created(creating, forget=not create.store))
+            raise
+
+    async def _cancel_once_created(self, creating: asyncio.Future[CreatedResponse], *, forget: bool) -> None:
+        created = await creating
+        await self.commands.cancel_foreground(created.response_id, project=self.identity.project, forget=forget)
 
     def _request(self, body: bytes) -> Request:
         """The HTTP request this event stands for: the upgrade's scope (its state holds the key's project), the
