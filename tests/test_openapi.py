@@ -46,6 +46,8 @@ def test_document_covers_every_route_and_every_openai_parameter(server: ServerPr
         "/v1/conversations/{conversation_id}",
         "/v1/conversations/{conversation_id}/items",
         "/v1/conversations/{conversation_id}/items/{item_id}",
+        "/v1/containers",
+        "/v1/containers/{container_id}",
         "/v1/models",
         "/v1/models/{model_id}",
         "/health",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -19,23 +19,55 @@ from service.protocol.base import Strict
 from service.store.containers import DEFAULT_EXPIRY_MINUTES
 
 
-class ExpiresAfter(Strict):
+class ContainerExpiresAfterParam(Strict):
     anchor: Literal["last_active_at"]
     minutes: Annotated[int, Field(ge=1, le=7 * 24 * 60)]
 
 
-class NetworkPolicy(Strict):
+class ContainerNetworkPolicy(Strict):
     type: Literal["disabled", "allowlist"]
     allowed_domains: list[str] | None = None
 
 
 class CreateContainerRequest(Strict):
     name: Annotated[str, Field(max_length=256)]
-    expires_after: ExpiresAfter | None = None
+    expires_after: ContainerExpiresAfterParam | None = None
     file_ids: list[str] | None = None
     memory_limit: Literal["1g", "4g", "16g", "64g"] | None = None  # a hint: the sandbox has its own limits
-    network_policy: NetworkPolicy | None = None
+    network_policy: ContainerNetworkPolicy | None = None
     skills: list[Any] | None = None
+
+
+class ContainerExpiresAfter(BaseModel):
+    anchor: Literal["last_active_at"]
+    minutes: int
+
+
+class Container(BaseModel):
+    """The Container object (OpenAI's shape); `status` is `expired` once it idled past `expires_after`."""
+
+    id: str
+    object: Literal["container"]
+    name: str
+    created_at: int
+    last_active_at: int
+    status: Literal["running", "expired"]
+    expires_after: ContainerExpiresAfter
+    memory_limit: Literal["1g", "4g", "16g", "64g"]
+
+
+class ContainerList(BaseModel):
+    object: Literal["list"]
+    data: list[Container]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class DeletedContainer(BaseModel):
+    id: str
+    object: Literal["container.deleted"]
+    deleted: Literal[True]
 
 
 def _containers(request: Request) -> Containers:

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from service.compaction import CompactRequest
 from service.conversations.protocol import AddItemsRequest, CreateConversationRequest, UpdateConversationRequest
+from service.http import container_routes as containers
 from service.http import openapi_models as m
 from service.http.include_view import INCLUDES
 from service.protocol import CreateResponseRequest
@@ -38,6 +39,10 @@ _MODELS: list[type[BaseModel]] = [
     m.Conversation,
     m.DeletedConversation,
     m.ConversationItemList,
+    containers.CreateContainerRequest,
+    containers.Container,
+    containers.ContainerList,
+    containers.DeletedContainer,
     m.InputTokens,
 ]
 
@@ -159,6 +164,7 @@ def _paths() -> dict[str, Any]:
             )
         },
         **_conversation_paths(),
+        **_container_paths(),
         "/v1/models": {"get": _operation("listModels", "List models", _json(m.ModelList, "The served model"))},
         "/v1/models/{model_id}": {
             "get": _operation(
@@ -259,6 +265,41 @@ def _conversation_paths() -> dict[str, Any]:
                 "Delete an item; returns the conversation",
                 conversation,
                 parameters=[conversation_id, item_id],
+            ),
+        },
+    }
+
+
+def _container_paths() -> dict[str, Any]:
+    container = _json(containers.Container, "The container")
+    container_id = _path_param("container_id")
+    return {
+        "/v1/containers": {
+            "post": _operation(
+                "createContainer",
+                "Create a code-interpreter container of the key's project",
+                container,
+                requestBody=_body(containers.CreateContainerRequest),
+            ),
+            "get": _operation(
+                "listContainers",
+                "List the project's containers",
+                _json(containers.ContainerList, "A page of containers"),
+                parameters=[
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size."),
+                    _query("order", {"type": "string", "enum": ["asc", "desc"]}, "Order by creation."),
+                    _query("after", {"type": "string"}, "A container id to list after."),
+                    _query("name", {"type": "string"}, "Only containers of this name."),
+                ],
+            ),
+        },
+        "/v1/containers/{container_id}": {
+            "get": _operation("retrieveContainer", "Retrieve a container", container, parameters=[container_id]),
+            "delete": _operation(
+                "deleteContainer",
+                "Delete a container and its files",
+                _json(containers.DeletedContainer, "Deleted"),
+                parameters=[container_id],
             ),
         },
     }
