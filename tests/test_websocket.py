@@ -317,3 +317,14 @@ async def test_a_socket_dropped_while_its_create_commits_still_cancels_the_run()
         await lane
     await asyncio.gather(*state.background_tasks)
     assert cancelled == [("resp_dropped", True)]
+
+
+def test_at_most_16_responses_queued_or_running_on_a_connection(client: openai.OpenAI) -> None:
+    event = {"type": "response.create", "model": MODEL, "input": "wait in line", "max_output_tokens": LONG}
+    with client.responses.connect() as connection:
+        for _ in range(17):  # the first runs (for long), 15 wait behind it, the 17th is one too many
+            _send(connection, event)
+        while (frame := json.loads(connection.recv_bytes()))["type"] != "error":
+            pass
+    error = WS_ERROR.validate_python(frame, strict=True)
+    assert error.status == 400 and error.error.code == "websocket_stream_limit_reached"
