@@ -14,6 +14,7 @@ from service.commands import Commands
 from service.errors import InvalidRequest
 from service.http.auth import request_project
 from service.http.body import json_body
+from service.http.include_view import open_reasoning
 from service.protocol.ids import new_response_id
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
 from service.store import compactions
@@ -33,8 +34,9 @@ async def _key(request: Request) -> bytes:
 
 
 async def read_create_body(request: Request) -> Any:
-    """The JSON body of a create/count request, with `compaction` input items expanded."""
-    body = await json_body(request)
+    """The JSON body of a create/count request, with sealed reasoning opened and `compaction` items expanded."""
+    # Sealed reasoning first: its errors name the client's own input index, before compaction renumbers.
+    body = await open_reasoning(request, await json_body(request))
     if not isinstance(body, dict) or not isinstance(body.get("input"), list):
         return body  # no key read (nor database round trip) for requests without items
     commands: Commands = request.app.state.commands

@@ -16,7 +16,7 @@ from service.commands import Commands
 from service.errors import InvalidRequest, NotFound, ShuttingDown, StoreUnavailable
 from service.http.auth import request_project
 from service.http.compaction_routes import managed_create, read_create_body
-from service.http.include_view import CI_OUTPUTS, hide_event_outputs, hide_outputs, query_includes
+from service.http.include_view import PLAIN_VIEW, IncludeView, hide_outputs, include_view, query_includes
 from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_event_batches
 from service.limits import SubscriberLimit
@@ -37,6 +37,7 @@ async def create_response(request: Request) -> Response:
     commands = _commands(request)
     project = request_project(request)
     create, compacted = await managed_create(request, parse_create_request(await read_create_body(request)))
+    view = await include_view(request, create.include)  # before the run: its key read may fail
     created = await commands.create(create, project=project, compaction_item=compacted)
     response_id_var.set(created.response_id)
     if create.stream:
@@ -48,7 +49,7 @@ async def create_response(request: Request) -> Response:
             cancel_on_disconnect=not create.background,
             forget_at_end=not create.store,
             obfuscate=bool(create.stream_options and create.stream_options.include_obfuscation),
-            outputs=CI_OUTPUTS in (create.include or []),
+            view=view,
         )
     if create.background:
         # The Response as created (queued), like OpenAI: the run may already be further along.
@@ -58,12 +59,12 @@ async def create_response(request: Request) -> Response:
         created.response_id,
         project=project,
         forget_at_end=not create.store,
-        outputs=CI_OUTPUTS in (create.include or []),
+        view=view,
     )
 
 
 async def _wait_for_end(
-    request: Request, response_id: str, *, project: str, forget_at_end: bool, outputs: bool
+    request: Request, response_id: str, *, project: str, forget_at_end: bool, view: IncludeView
 ) -> Response:
     """A plain request is the stream consumed to its terminal event; a client that leaves cancels it."""
     commands = _commands(request)
@@ -98,7 +99,7 @@ async def _wait_for_end(
         raise NotFound(f"Response with id '{response_id}' was deleted while it ran.", param="response_id")
     if forget_at_end:
         await commands.forget_unstored(response_id, project=project)
-    return JSONResponse(terminal["response"] if outputs else hide_outputs(terminal["response"]))
+    return JSONResponse(view.value(terminal["response"]))
 
 
 async def _disconnected(request: Request) -> None:
@@ -115,7 +116,7 @@ def _stream(
     cancel_on_disconnect: bool,
     forget_at_end: bool = False,
     obfuscate: bool = False,
-    outputs: bool = False,
+    view: IncludeView = PLAIN_VIEW,
 ) -> StreamingResponse:
     state = request.app.state
     commands = _commands(request)
@@ -136,10 +137,7 @@ def _stream(
                 read=state.stream_reader.read_events,
             ):
                 # One write per run of events (a replay's page, one commit's events), not one per event.
-                yield b"".join(
-                    sse_frame(stored if outputs else hide_event_outputs(stored), obfuscate=obfuscate)
-                    for stored in batch
-                )
+                yield b"".join(sse_frame(view.event(stored), obfuscate=obfuscate) for stored in batch)
                 finished = batch[-1].type in TERMINAL_EVENT_TYPES
             if finished and forget_at_end:
                 await commands.forget_unstored(response_id, project=project)
@@ -177,10 +175,10 @@ async def retrieve_response(request: Request) -> Response:
     project = request_project(request)
     response_id_var.set(response_id)
     stream, after, obfuscate = _flag(request, "stream"), _starting_after(request), _flag(request, "include_obfuscation")
-    outputs = CI_OUTPUTS in query_includes(request)
+    view = await include_view(request, query_includes(request))
     response = await commands.get(response_id, project=project)
     if not stream:
-        return JSONResponse(response if outputs else hide_outputs(response))
+        return JSONResponse(view.value(response))
     async with request.app.state.db.connect() as connection:
         last = await event_log.last_event(connection, response_id)
     last_number = -1 if last is None else last.sequence_number
@@ -200,7 +198,7 @@ async def retrieve_response(request: Request) -> Response:
         after=after,
         cancel_on_disconnect=False,
         obfuscate=obfuscate,
-        outputs=outputs,
+        view=view,
     )
 
 

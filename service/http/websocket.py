@@ -39,7 +39,7 @@ from service.errors import ApiError, InvalidRequest, NotFound, ServerError, Stor
 from service.http.auth import ANONYMOUS, Authenticator, AuthFailed, Identity
 from service.http.body import parse_json
 from service.http.compaction_routes import managed_create, read_create_body
-from service.http.include_view import CI_OUTPUTS, hide_event_outputs
+from service.http.include_view import IncludeView, include_view
 from service.http.sse import event_json, tail_event_batches
 from service.limits import RateLimited
 from service.observability import project_var, response_id_var
@@ -188,15 +188,15 @@ class _Connection:
         token = continuable_unstored.set(frozenset(self.unstored))
         try:
             create, compacted = await managed_create(request, parse_create_request(await read_create_body(request)))
+            view = await include_view(request, create.include)
             created = await self._create(create, compacted)
         finally:
             continuable_unstored.reset(token)
         response_id_var.set(created.response_id)
         if not create.store:
             self.unstored.add(created.response_id)
-        outputs = CI_OUTPUTS in (create.include or [])
         obfuscate = bool(create.stream_options and create.stream_options.include_obfuscation)
-        await self._stream(created.response_id, stream_id=stream_id, outputs=outputs, obfuscate=obfuscate)
+        await self._stream(created.response_id, stream_id=stream_id, view=view, obfuscate=obfuscate)
 
     async def _create(self, create: CreateResponseRequest, compacted: dict[str, Any] | None) -> CreatedResponse:
         """Commands.create, seen through when the socket drops meanwhile: a run it made is then cancelled like any
@@ -246,7 +246,7 @@ class _Connection:
                 headers=decision.headers(),
             )
 
-    async def _stream(self, response_id: str, *, stream_id: str | None, outputs: bool, obfuscate: bool) -> None:
+    async def _stream(self, response_id: str, *, stream_id: str | None, view: IncludeView, obfuscate: bool) -> None:
         """Like routes._stream: replay then tail the log; a client gone before the end cancels the run."""
         state = self.state
         state.subscribers.acquire(response_id)
@@ -262,7 +262,7 @@ class _Connection:
                 outage_limit=state.settings.store_outage_seconds + 60,
                 read=state.stream_reader.read_events,
             ):
-                frames = [event_json(s if outputs else hide_event_outputs(s), obfuscate=obfuscate) for s in batch]
+                frames = [event_json(view.event(s), obfuscate=obfuscate) for s in batch]
                 if stream_id is not None:
                     frames = [_with_stream_id(frame, stream_id) for frame in frames]
                 await self._send_frames(frames)

@@ -85,9 +85,13 @@ class CreateResponseRequest(Strict):
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    include: list[Literal["message.output_text.logprobs", "code_interpreter_call.outputs"] | _NO_OP_INCLUDES] | None = (
-        None
-    )
+    include: (
+        list[
+            Literal["message.output_text.logprobs", "code_interpreter_call.outputs", "reasoning.encrypted_content"]
+            | _NO_OP_INCLUDES
+        ]
+        | None
+    ) = None
     # A Conversation (its id, or {"id": …}) whose items are the history and which the response's items join.
     conversation: str | ConversationRef | None = None
     # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
@@ -144,13 +148,6 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
             f"Unsupported value for 'service_tier': {body['service_tier']!r}. This server has one tier: "
             "use 'auto' or 'default'.",
             param="service_tier",
-            code="unsupported_value",
-        )
-    if isinstance(body.get("include"), list) and "reasoning.encrypted_content" in body["include"]:
-        raise InvalidRequest(
-            "'reasoning.encrypted_content' cannot be included: this server does not encrypt reasoning. "
-            "Pass reasoning items back with their content instead.",
-            param="include",
             code="unsupported_value",
         )
     if isinstance(body.get("input"), list):
