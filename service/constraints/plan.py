@@ -14,10 +14,12 @@ from typing import Any
 import llguidance
 
 from service.constraints.compiler import (
+    COMPILE_BUDGET_S,
     DEFAULT_MAX_GRAMMAR_BYTES,
     CompiledGrammar,
     GrammarError,
     GrammarSpec,
+    GrammarTooComplex,
     compile_grammar,
 )
 from service.errors import InvalidRequest
@@ -151,7 +153,7 @@ def check_plan(
         if grammar is None:
             continue
         try:
-            compile_grammar(grammar, tokenizer, max_bytes=max_bytes)
+            compile_grammar(grammar, tokenizer, max_bytes=max_bytes, budget_s=COMPILE_BUDGET_S)
         except GrammarError as exc:
             if fallback is not None:
                 compile_grammar(fallback, tokenizer)
@@ -159,4 +161,6 @@ def check_plan(
             code = "grammar_too_large" if "at most" in str(exc) and "bytes" in str(exc) else "invalid_grammar"
             if param.endswith("schema") or param.endswith("parameters"):
                 code = "invalid_json_schema" if code == "invalid_grammar" else code
+            if isinstance(exc, GrammarTooComplex):
+                code = "grammar_too_complex"
             raise InvalidRequest(str(exc), param=param, code=code) from None
