@@ -60,7 +60,9 @@ class LogitsConstraint(Protocol):
     """Per-sequence grammar hook (e.g. the Harmony header, a JSON schema). Stateful; fed every sampled
     token. Its state must be a pure function of the tokens accepted so far (a resumed run rebuilds it
     by replaying them), and allowed_token_ids() must not change the state: the engine may call it
-    from a worker thread while the model computes, and again before sampling."""
+    from a worker thread while the model computes, and again before sampling. A mask that is late (past the
+    engine's deadline) fails its sequence alone (pop_failures); so does a constraint whose optional
+    `failure() -> str | None` method reports a reason (a grammar out of llguidance's per-step fuel)."""
 
     def allowed_token_ids(self) -> AllowedTokens | None:
         """Token ids the next token may be (an id array or a packed bitmask), or None for no restriction."""
@@ -111,7 +113,8 @@ class Engine(Protocol):
         ...
 
     def pop_failures(self) -> dict[str, EngineError]:
-        """Sequences dropped since the last call because their prefill failed (ask after each step)."""
+        """Sequences dropped since the last call because their prefill failed, or their constraint did (a late
+        mask, a grammar out of fuel); ask after each step."""
         ...
 
     def remove_sequence(self, seq_id: str) -> None:

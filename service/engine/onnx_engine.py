@@ -36,9 +36,13 @@ Prefilling sequences hold slots too; step() swaps slots so that the ready ones a
 decodes them as one batch.
 
 Constraints: after a step has sampled (and fed every constraint its token), the next step's masks
-are computed in a worker thread while the model runs (llguidance releases the GIL), so grammar
+are computed in worker threads while the model runs (llguidance releases the GIL), so grammar
 masks cost little wall time. Masks are pure functions of a constraint's state, so when they are
-computed never changes what is sampled. Unconstrained sequences skip all of it.
+computed never changes what is sampled. Unconstrained sequences skip all of it. Each sequence's mask
+is a job of its own with a deadline (`mask_deadline_s` from its submission): the next step waits for
+a mask that long at most, then fails that sequence alone (pop_failures) and samples the others; the
+late job runs on in its thread, abandoned, and a fresh pool takes the next masks. A constraint whose
+`failure()` (optional) reports a grammar's exhausted per-step fuel is failed the same way.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +75,13 @@ _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produ
 # What one replayed token (a 1-token run) costs of the prefill budget: a run reads all the weights
 # whatever its length, so on CPU it costs about what a run of a few dozen prompt tokens costs.
 _REPLAY_COST = 16
-# Threads computing grammar masks beside the forward pass (each takes a share of the batch).
+# Threads computing grammar masks beside the forward pass (one job per sequence).
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
+# How long one sequence's grammar mask may take before that sequence fails (ordinary masks take well under 10 ms).
+# The others never wait this long (a late mask sits its steps out), so it is generous: loaded machines.
+DEFAULT_MASK_DEADLINE_S = 2.0
+# Least time a step waits for a late mask before its sequence sits the step out (otherwise the last decode's time).
+_MIN_MASK_GRACE_S = 0.002
 # Prompts warm_prefix() keeps for warm() to prefill (the most recent ones).
 _WARM_QUEUE = 4
 # Decode bindings kept (one per run of slots a decode step takes: batch sizes, chunks past max_batch, slots of
@@ -80,6 +89,13 @@ _WARM_QUEUE = 4
 _BOUND_RUNS = 64
 # A prompt to warm that starts with all but this many of the warming sequence's rows retargets it (see warm).
 _RETARGET_SLACK = 8
+
+
+@dataclass(frozen=True)
+class _MaskJob:
+    future: Future[Any]
+    submitted: float  # time.monotonic()
+    pool: ThreadPoolExecutor
 
 
 @dataclass
@@ -98,6 +114,9 @@ class _Sequence:
     prefilled: int = 0
     # Still to prefill: the prompt, then the replayed generated tokens, from position `length` on.
     pending: list[int] = field(default_factory=list)
+    # The next mask, computing in a mask thread, until the step that samples it.
+    mask_job: _MaskJob | None = None
+    held: bool = False  # its mask was late: it sits this step out (see _await_masks)
     prompt_len: int = 0
 
     @property
@@ -202,8 +221,10 @@ class OnnxEngine:
         prefix_cache_bytes: int = 0,
         prefill_tokens: int = 256,
         prefill_stall_ratio: float = DEFAULT_STALL_RATIO,
+        mask_deadline_s: float = DEFAULT_MASK_DEADLINE_S,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.mask_deadline_s = mask_deadline_s
         meta = read_config(self.model_dir)
         self.config = meta.decoder
         self.model_id: str = meta.model_id or self.model_dir.name
@@ -252,7 +273,8 @@ class OnnxEngine:
         self._cut_anywhere = lay.shared_buffer and not windows
         reusable = self._cut_anywhere and prefix_cache_bytes > 0
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
-        self._mask_thread: ThreadPoolExecutor | None = None  # started on the first constrained step
+        self._mask_pool: ThreadPoolExecutor | None = None  # started on the first constrained step
+        self._last_decode_s = 0.0  # how long a late mask may hold the others (see _await_masks)
         # Prompts expected soon (warm_prefix), prefilled into the prefix cache by warm().
         self._to_warm: deque[list[int]] = deque(maxlen=_WARM_QUEUE)
         self._warming: _Sequence | None = None  # the one being prefilled (it holds a KV slot)
@@ -299,33 +321,107 @@ class OnnxEngine:
     def step(self) -> dict[str, TokenOutput]:
         """Prefill newcomers within the budget, then sample every ready sequence and decode those going on."""
         self._prefill_some()
+        self._await_masks()
         results: dict[str, TokenOutput] = {}
         going: list[tuple[_Sequence, int]] = []
         for seq_id, seq in list(self._seqs.items()):
-            if not seq.ready:
+            if not seq.ready or seq.held:
                 continue
+            seq.mask_job = None
             out = self._sample(seq)
             results[seq_id] = out
             if out.finish_reason is not None:
                 self._release(self._seqs.pop(seq_id))
             else:
                 going.append((seq, out.token_id))
-        constrained = [seq.constraint for seq, _ in going if seq.constraint is not None]
-        masks = []
-        if constrained:
-            if self._mask_thread is None:
-                self._mask_thread = ThreadPoolExecutor(max_workers=_MASK_THREADS, thread_name_prefix="masks")
-            # Next step's masks, computed while the model runs (llguidance drops the GIL), split
-            # across the mask threads.
-            shares = [constrained[i::_MASK_THREADS] for i in range(min(_MASK_THREADS, len(constrained)))]
-            masks = [self._mask_thread.submit(_compute_masks, share) for share in shares]
-        try:
-            self._pack_ready()
-            self._decode(going)
-        finally:
-            for future in masks:
-                future.result()
+                if seq.constraint is not None:
+                    # The next step's mask, computed while the model runs (llguidance drops the GIL).
+                    self._submit_mask(seq)
+        self._pack_ready()
+        self._decode(going)
         return results
+
+    def _submit_mask(self, seq: _Sequence) -> None:
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(max_workers=_MASK_THREADS, thread_name_prefix="masks")
+        assert seq.constraint is not None
+        job = self._mask_pool.submit(seq.constraint.allowed_token_ids)
+        seq.mask_job = _MaskJob(job, time.monotonic(), self._mask_pool)
+
+    def _await_masks(self) -> None:
+        """Settle every ready constrained sequence's next mask before sampling. One not ready within a grace
+        (the last decode's time: the others never wait for it longer) sits this step out, its state untouched
+        (`held`); one not ready by its deadline, or whose grammar ran out of fuel, is dropped and reported by
+        pop_failures(). A job still running past the grace keeps its thread: later masks go to a fresh pool, and
+        jobs queued behind it move there (with a fresh deadline: the wait was not theirs)."""
+        waiting = [(seq_id, seq) for seq_id, seq in self._seqs.items() if seq.ready and seq.constraint is not None]
+        for _, seq in waiting:
+            seq.held = False
+            if seq.mask_job is None:  # just prefilled
+                self._submit_mask(seq)
+        # With nobody else to step, a late mask is waited for until its deadline rather than polled.
+        others = len(waiting) > 1 or any(seq.constraint is None or not seq.ready for seq in self._seqs.values())
+        grace = max(_MIN_MASK_GRACE_S, self._last_decode_s)
+        pending = self._wait_masks(waiting, time.monotonic() + grace, others)
+        queued = [(seq_id, seq) for seq_id, seq in pending if seq.mask_job is not None and seq.mask_job.future.cancel()]
+        stuck = [seq.mask_job for _, seq in pending if seq.mask_job is not None and not seq.mask_job.future.cancelled()]
+        if self._mask_pool is not None and any(job.pool is self._mask_pool for job in stuck):
+            self._mask_pool.shutdown(wait=False)  # its threads end when their jobs do
+            self._mask_pool = None
+        if queued:
+            for _, seq in queued:
+                self._submit_mask(seq)
+            pending = [item for item in pending if item not in queued]
+            pending += self._wait_masks(queued, time.monotonic() + grace, others)
+        now = time.monotonic()
+        for seq_id, seq in pending:
+            job = seq.mask_job
+            if job is not None and job.future.done():
+                continue  # ready since
+            if job is None or now - job.submitted >= self.mask_deadline_s:
+                self._fail(
+                    seq_id,
+                    EngineError(
+                        f"the response format's grammar took longer than {self.mask_deadline_s:g} s to compute the "
+                        "next token's mask; the run was stopped (simplify the schema or grammar)"
+                    ),
+                )
+            else:
+                seq.held = True
+        for seq_id, seq in list(self._seqs.items()):
+            failure = getattr(seq.constraint, "failure", None) if seq.ready and not seq.held else None
+            reason = failure() if failure is not None else None
+            if reason:
+                self._fail(seq_id, EngineError(f"the response format's grammar is too complex to follow: {reason}"))
+
+    def _wait_masks(
+        self, waiting: list[tuple[str, _Sequence]], grace_end: float, others: bool
+    ) -> list[tuple[str, _Sequence]]:
+        """Wait for the jobs until `grace_end` (until their deadlines when no other sequence could go on); the
+        sequences whose masks are not ready then. A job that raised fails its own sequence."""
+        pending: list[tuple[str, _Sequence]] = []
+        for seq_id, seq in waiting:
+            job = seq.mask_job
+            assert job is not None
+            end = job.submitted + self.mask_deadline_s
+            if others:
+                end = min(end, grace_end)
+            try:
+                job.future.result(timeout=max(0.0, end - time.monotonic()))
+            except TimeoutError:
+                pending.append((seq_id, seq))
+            except CancelledError:
+                pending.append((seq_id, seq))
+            except Exception as exc:  # noqa: BLE001 - a constraint's bug fails its own sequence, not the batch
+                self._fail(seq_id, EngineError(f"grammar mask: {exc}"))
+        return pending
+
+    def _fail(self, seq_id: str, error: EngineError) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            seq.mask_job = None
+            self._release(seq)
+            self._failed[seq_id] = error
 
     def _decode(self, going: list[tuple[_Sequence, int]]) -> None:
         if not going:
@@ -338,12 +434,15 @@ class OnnxEngine:
         else:
             for seq, token in going:
                 self._forward(seq, [token])
-        self.prefill_pacer.observe_decode(time.perf_counter() - started)
+        self._last_decode_s = time.perf_counter() - started
+        self.prefill_pacer.observe_decode(self._last_decode_s)
 
     def remove_sequence(self, seq_id: str) -> None:
         self._failed.pop(seq_id, None)
         seq = self._seqs.pop(seq_id, None)
         if seq is not None:
+            if seq.mask_job is not None:
+                seq.mask_job.future.cancel()  # a running one ends on its own; nobody reads it
             self._release(seq)
 
     def active_sequence_ids(self) -> list[str]:
@@ -453,7 +552,8 @@ class OnnxEngine:
         return n
 
     def _decoding(self, seq: _Sequence) -> bool:
-        return seq.ready and seq is not self._warming  # done warming, it stays in its slot (see warm)
+        # Done warming, it stays in its slot (see warm); one whose mask is late sits the step out.
+        return seq.ready and not seq.held and seq is not self._warming
 
     def _pack_ready(self) -> None:
         """Keep ready sequences in the lowest slots (a decode batch is a run of consecutive slots): swap
@@ -715,12 +815,6 @@ def check_int8_kernels(scheme: dict[str, Any]) -> None:
             f"({cpu_features().int8_kernel}), where those kernels saturate; rebuild the model on this machine "
             "(model build-random / model quantize --block-size row), which stores them for the exact u8u8 kernels"
         )
-
-
-def _compute_masks(constraints: list[LogitsConstraint]) -> None:
-    """Warm each constraint's memoized mask for the next step (runs beside the forward pass)."""
-    for constraint in constraints:
-        constraint.allowed_token_ids()
 
 
 def window_capacities(model_dir: Path, extra: dict[str, Any]) -> dict[int, int]:

@@ -193,6 +193,10 @@ class CompletionConstraint:
     def allowed_token_ids(self) -> TokenBitmask | None:
         return None if self._done else TokenBitmask(self._matcher.bitmask())
 
+    def failure(self) -> str | None:
+        """The grammar ran out of llguidance's per-step fuel (the engine fails the run)."""
+        return self._matcher.exhausted
+
     def accept(self, token_id: int) -> None:
         if token_id in self._stop:
             self._done = True

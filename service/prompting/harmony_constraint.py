@@ -222,6 +222,10 @@ class HarmonyHeaderConstraint:
         assert self._node is not None and self._node.allowed is not None
         return self._node.allowed
 
+    def failure(self) -> str | None:
+        """The body's grammar ran out of llguidance's per-step fuel (the engine fails the run)."""
+        return self._matcher.exhausted if self._matcher is not None else None
+
     def accept(self, token_id: int) -> None:
         if self._off or self._done:
             return
