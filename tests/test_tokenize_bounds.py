@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from service.prompting.base import PromptRequest
@@ -192,3 +193,39 @@ def test_a_tool_result_is_tokenized_in_bounded_calls(fmt: HarmonyFormat) -> None
     worker.join()
     assert max(ticks) < 0.5, max(ticks)
     assert run in fmt.encoding.decode_utf8(tool_result_tokens(fmt.encoding, "python", run))
+
+
+def test_health_answers_while_a_4_mb_run_is_tokenized(database_url: str, server_factory: Any) -> None:
+    """Through the real server: a body of 4 MB of one character (the most a body may hold) is tokenized while
+    other requests are served; natively its one tokenizer call held the GIL, and so the server, for hours."""
+    server = server_factory(database_url).start()
+    # Start-up builds the grammar tokenizer in the background (a second or two holding the GIL): a structured
+    # request waits for it, so that what is measured below is the long request alone.
+    json_format = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+    warm_body = {"input": "hi", "max_output_tokens": 2, "text": {"format": json_format}}
+    warm = httpx.post(server.url + "/v1/responses", json=warm_body, timeout=60)
+    assert warm.status_code == 200, warm.text
+    text = {"type": "input_text", "text": "a" * (4 * 1024 * 1024 - 200)}
+    body = {"input": [{"role": "user", "content": [text]}], "max_output_tokens": 4}
+    outcome: dict[str, httpx.Response] = {}
+
+    def post() -> None:
+        with httpx.Client(timeout=300) as http:
+            outcome["response"] = http.post(server.url + "/v1/responses", json=body)
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    waits: list[float] = []
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        while poster.is_alive():
+            started = time.monotonic()
+            assert http.get("/health").status_code == 200
+            waits.append(time.monotonic() - started)
+            time.sleep(0.05)
+    poster.join()
+    response = outcome["response"]
+    assert len(waits) >= 5, "the request was over before it could be observed"
+    assert max(waits) < 1.0, sorted(waits)[-5:]
+    # It cannot fit the model's context: refused as any too-long prompt is.
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "context_length_exceeded"
