@@ -118,7 +118,7 @@ def shape_config(shape: str, vocab: str = "harmony") -> DecoderConfig:
 
 
 def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Add `model {build-default,quantize,info,build-random}` to a parent parser's subparsers."""
+    """Add `model {build-default,quantize,info,build-random,build-scripted}` to a parent parser's subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
     block_help = (
         f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}), or row: one scale per "
@@ -170,6 +170,25 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--expert-bits", type=int, choices=[4, 8], default=None, help="gpt-oss shapes (default 4)")
     p.add_argument("--block-size", type=_block_size, default=None, metavar=block_choices, help=block_help)
     p.set_defaults(func=_build_random)
+
+    p = sub.add_parser(
+        "build-scripted",
+        help="build a scripted Harmony decoder (answers follow rules, not weights), ready for SERVICE_MODEL",
+        description="A decoder whose next token follows a script chosen by what the prompt contains (for tests "
+        "with real clients; see service/engine/scripted.py). Rules are tried in order; the first whose `when` "
+        "texts all occur in the prompt gives the completion, in Harmony text.",
+    )
+    p.add_argument("out", type=Path, help="a new directory")
+    p.add_argument(
+        "--rules",
+        default=None,
+        help='JSON list of {"script": HARMONY_TEXT, "when": [TEXT, ...]}, or @FILE holding it, e.g. '
+        '[{"when": ["Say hello"], "script": "<|channel|>final<|message|>Hello!<|return|>"}]',
+    )
+    p.add_argument("--script", action="append", default=[], help="a rule that always matches (after --rules)")
+    p.add_argument("--max-context", type=int, default=32_768)
+    p.add_argument("--model-id", default="scripted")
+    p.set_defaults(func=_build_scripted)
 
     from service.training.cli import add_train_builtin  # torch is imported only when the command runs
 
@@ -244,6 +263,20 @@ def _build_random(args: argparse.Namespace) -> int:
     else:
         note = "native vocabulary and no tokenizer: for benchmarks, not servable"
     print(f"{args.out} ({time.monotonic() - started:.1f}s; {note})")
+    return 0
+
+
+def _build_scripted(args: argparse.Namespace) -> int:
+    from service.engine.scripted import Rule, parse_rules, write_scripted_model
+
+    text = args.rules
+    if text is not None and text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    rules = (parse_rules(text) if text is not None else []) + [Rule(s) for s in args.script]
+    if not rules:
+        raise SystemExit("build-scripted: give --rules or --script")
+    out = write_scripted_model(args.out, rules, max_context=args.max_context, model_id=args.model_id)
+    print(f"{out} ({len(rules)} rules; serve it with SERVICE_MODEL={out})")
     return 0
 
 
