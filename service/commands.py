@@ -21,6 +21,7 @@ from service.constraints.plan import constraint_spec
 from service.containers import Containers
 from service.conversations.service import Conversations
 from service.errors import InvalidRequest, NotFound
+from service.item_references import resolve_references
 from service.limits import check_runs
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
@@ -34,7 +35,8 @@ from service.protocol import (
     normalize_input,
     wants_logprobs,
 )
-from service.protocol.tools import McpToolChoice
+from service.protocol.requests import model_effort, refuse_not_offered
+from service.protocol.tools import McpToolChoice, model_tools
 from service.run_state import sampling_fact
 from service.runs import RunSupervisor
 from service.server_items import wants_auto_container
@@ -88,8 +90,10 @@ class Commands:
                 param="max_output_tokens",
                 code="max_output_tokens_too_large",
             )
+        if self.settings.refuse_unsupported_tools:
+            refuse_not_offered(request)
         response_id = new_response_id()
-        input_items = normalize_input(request, response_id)
+        input_items = await resolve_references(self.db, normalize_input(request, response_id), project=project)
         prompt_request, prompt_ids, tools, effort, server_tools = await self._prompt(
             request, input_items, project=project
         )
@@ -199,7 +203,7 @@ class Commands:
         if conversation_id is not None:
             history = await Conversations(self.db).history(conversation_id, project=project)
         _check_call_ids(history, input_items)
-        tools = [] if request.tool_choice == "none" else [tool.model_dump() for tool in request.tools]
+        tools = [] if request.tool_choice == "none" else model_tools(request.tools)
         steps = self.supervisor.tool_steps
         server_tools = await tool_setup.prepare(
             tools,
@@ -215,7 +219,7 @@ class Commands:
         )
         # The model sees function and custom tools as given, and each server's tools in its namespace.
         tools = [t for t in tools if t not in tool_setup.server_specs(tools)] + server_tools.model_tools
-        effort = request.reasoning.effort if request.reasoning and request.reasoning.effort else "medium"
+        effort = model_effort(request)
         prompt_request, prompt_ids = await self._render_to_fit(
             history + input_items, request, tools=tools, effort=effort
         )
@@ -229,7 +233,8 @@ class Commands:
                 param="model",
             )
         response_id = new_response_id()
-        _, prompt_ids, _, _, _ = await self._prompt(request, normalize_input(request, response_id), project=project)
+        input_items = await resolve_references(self.db, normalize_input(request, response_id), project=project)
+        _, prompt_ids, _, _, _ = await self._prompt(request, input_items, project=project)
         return len(prompt_ids)
 
     async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:

@@ -52,6 +52,9 @@ class Settings(BaseModel):
     # SSE tailing falls back to polling the log this often when no notification arrives.
     poll_interval_seconds: float = Field(default=0.5, gt=0)
     max_body_bytes: int = 4 * 1024 * 1024
+    # Tools this server does not run (web_search, file_search, …; protocol/tools.py UNOFFERED_TOOL_TYPES) are
+    # accepted and not offered to the model; true makes them a 400 instead.
+    refuse_unsupported_tools: bool = False
     # A cap on output tokens when a request sets none; None = what remains of the context window.
     max_output_tokens_default: int | None = Field(default=None, ge=1)
     # A store outage longer than this fails foreground runs (background runs wait it out).

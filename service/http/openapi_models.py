@@ -47,6 +47,30 @@ class InputText(BaseModel):
     text: str
 
 
+class Refusal(BaseModel):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class ToolOutputImage(BaseModel):
+    type: Literal["input_image"]
+    detail: str | None = None
+    file_id: str | None = None
+    image_url: str | None = None
+
+
+class ToolOutputFile(BaseModel):
+    type: Literal["input_file"]
+    file_data: str | None = None
+    file_id: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+
+
+# A tool output as sent: a string, or content parts (service/protocol/items.py ToolOutput).
+ToolOutput = str | list[Annotated[InputText | ToolOutputImage | ToolOutputFile, Field(discriminator="type")]]
+
+
 class ReasoningTextContent(BaseModel):
     type: Literal["reasoning_text"]
     text: str
@@ -65,7 +89,8 @@ class InputMessage(BaseModel):
     type: Literal["message"]
     role: Literal["user", "system", "developer", "assistant"]
     status: ItemStatus | None = None
-    content: list[InputText | OutputText]
+    content: list[InputText | OutputText | Refusal]
+    phase: Literal["commentary", "final_answer"] | None = None
 
 
 class ReasoningOutputItem(BaseModel):
@@ -84,13 +109,14 @@ class FunctionCall(BaseModel):
     name: str
     arguments: str
     status: ItemStatus | None = None
+    namespace: str | None = None
 
 
 class FunctionCallOutput(BaseModel):
     id: str
     type: Literal["function_call_output"]
     call_id: str
-    output: str
+    output: ToolOutput
     status: ItemStatus | None = None
 
 
@@ -107,7 +133,7 @@ class CustomToolCallOutput(BaseModel):
     id: str
     type: Literal["custom_tool_call_output"]
     call_id: str
-    output: str
+    output: ToolOutput
     status: ItemStatus | None = None
 
 
@@ -159,8 +185,9 @@ class IncompleteDetails(BaseModel):
 
 
 class Reasoning(BaseModel):
-    effort: Literal["low", "medium", "high"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None  # echoed as sent
     summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponseTextConfig(BaseModel):

@@ -21,7 +21,8 @@ from service.http.openapi import openapi_json
 from service.http.sse import sse_frame, tail_event_batches
 from service.limits import SubscriberLimit
 from service.observability import metrics_endpoint, response_id_var
-from service.protocol import TERMINAL_EVENT_TYPES, parse_create_request
+from service.protocol import TERMINAL_EVENT_TYPES, CreateResponseRequest, parse_create_request
+from service.protocol.tools import not_offered
 from service.store import event_log, read_models
 from service.store.db import head_revision, revision_of
 
@@ -34,9 +35,16 @@ def _commands(request: Request) -> Commands:
 
 
 async def create_response(request: Request) -> Response:
+    create, compacted = await managed_create(request, parse_create_request(await read_create_body(request)))
+    response = await _create(request, create, compacted)
+    if unoffered := not_offered(create.tools):  # accepted but not offered to the model: said, not hidden
+        response.headers["x-tools-not-offered"] = ",".join(dict.fromkeys(kind for _, kind in unoffered))
+    return response
+
+
+async def _create(request: Request, create: CreateResponseRequest, compacted: dict[str, Any] | None) -> Response:
     commands = _commands(request)
     project = request_project(request)
-    create, compacted = await managed_create(request, parse_create_request(await read_create_body(request)))
     view = await include_view(request, create.include)  # before the run: its key read may fail
     created = await commands.create(create, project=project, compaction_item=compacted)
     response_id_var.set(created.response_id)

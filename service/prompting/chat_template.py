@@ -37,6 +37,7 @@ from service.prompting.chat_template_tools import (
     ToolCallTextParser,
     completion_grammar,
 )
+from service.protocol.items import unseen_part_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _REPLACEMENT = "\ufffd"
@@ -61,6 +62,10 @@ def _text_of(content: Any) -> str:
             parts.append(part["text"])
         elif isinstance(part, str):
             parts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "refusal":
+            parts.append(str(part.get("refusal", "")))  # an assistant's earlier refusal, as its text
+        elif (unseen := unseen_part_text(part)) is not None:
+            parts.append(unseen)  # a tool returned an image or a file: the model is told it cannot see it
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ValueError(f"content part of type {kind!r} is not supported by the chat-template format")

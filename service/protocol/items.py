@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from service.protocol.base import Strict
 
@@ -21,12 +21,68 @@ class TextPart(Strict):
     logprobs: list[Any] | None = None
 
 
+class RefusalPart(Strict):
+    """An assistant's earlier refusal, sent back as history: rendered as that assistant's text."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
 class MessageItem(Strict):
     type: Literal["message"] = "message"
     id: ItemId | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[TextPart]
+    content: str | list[Annotated[TextPart | RefusalPart, Field(discriminator="type")]]
     status: str | None = None
+    # Whether an assistant message was commentary or the final answer: kept with the item, a hint.
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    @model_validator(mode="after")
+    def _refusals_are_the_assistants(self) -> MessageItem:
+        if self.role != "assistant" and any(isinstance(part, RefusalPart) for part in self.content):
+            raise ValueError("refusal content parts belong to assistant messages")
+        return self
+
+
+class OutputTextPart(Strict):
+    type: Literal["input_text"]
+    text: str
+    prompt_cache_breakpoint: dict[str, Any] | None = None
+
+
+class OutputImagePart(Strict):
+    """An image a tool returned: kept with the item; the model is told it cannot see it (unseen_part_text)."""
+
+    type: Literal["input_image"]
+    detail: str | None = None
+    file_id: str | None = None
+    image_url: str | None = None
+    prompt_cache_breakpoint: dict[str, Any] | None = None
+
+
+class OutputFilePart(Strict):
+    type: Literal["input_file"]
+    detail: str | None = None
+    file_data: str | None = None
+    file_id: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+    prompt_cache_breakpoint: dict[str, Any] | None = None
+
+
+# A tool's output as OpenAI accepts it: a string, or a list of content parts.
+ToolOutput = str | list[Annotated[OutputTextPart | OutputImagePart | OutputFilePart, Field(discriminator="type")]]
+
+
+def unseen_part_text(part: object) -> str | None:
+    """What the model reads in place of a tool output part it cannot see (an image, a file): said, not dropped."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "input_image":
+        return "[An image was returned here; this model cannot see images.]"
+    if kind == "input_file":
+        name = part.get("filename") if isinstance(part, dict) else None
+        return f"[A file{f' ({name})' if name else ''} was returned here; this model cannot read files.]"
+    return None
 
 
 class FunctionCallItem(Strict):
@@ -36,14 +92,17 @@ class FunctionCallItem(Strict):
     name: str
     arguments: str
     status: str | None = None
+    namespace: str | None = None  # the namespace tool the function belongs to (kept with the item)
 
 
 class FunctionCallOutputItem(Strict):
     type: Literal["function_call_output"]
     id: ItemId | None = None
     call_id: str
-    output: str
+    output: ToolOutput
     status: str | None = None
+    name: str | None = None
+    namespace: str | None = None
 
 
 class CustomToolCallItem(Strict):
@@ -59,7 +118,7 @@ class CustomToolCallOutputItem(Strict):
     type: Literal["custom_tool_call_output"]
     id: str | None = None
     call_id: str
-    output: str
+    output: ToolOutput
     status: str | None = None
 
 
@@ -87,8 +146,17 @@ class McpApprovalResponseItem(Strict):
     reason: str | None = None
 
 
+class ItemReference(Strict):
+    """An item already stored in this project (of a stored response or a conversation), by id: resolved by
+    service/item_references.py into that item before the prompt is rendered."""
+
+    type: Literal["item_reference"] = "item_reference"  # may be left out, as OpenAI allows
+    id: ItemId
+
+
 InputItem = Annotated[
     MessageItem
+    | ItemReference
     | McpApprovalResponseItem
     | FunctionCallItem
     | FunctionCallOutputItem
@@ -107,6 +175,7 @@ ID_PREFIX = {
     "custom_tool_call_output": "ctco",
     "reasoning": "rs",
     "mcp_approval_response": "mcpr",
+    "item_reference": "ref",
 }
 
 
@@ -114,13 +183,16 @@ def item_text(item: ConversationItem) -> str | None:
     """Plain text of an item for the SQL-facing `text` column."""
     kind = item.get("type")
     if kind in ("message", "reasoning"):
-        return "".join(part.get("text", "") for part in item.get("content") or [])
+        return "".join(part.get("text", part.get("refusal", "")) for part in item.get("content") or [])
     if kind == "function_call":
         return f"{item.get('name')}({item.get('arguments')})"
     if kind == "custom_tool_call":
         return f"{item.get('name')}({item.get('input')})"
     if kind in ("function_call_output", "custom_tool_call_output"):
-        return str(item.get("output"))
+        output = item.get("output")
+        if isinstance(output, list):
+            return "".join(unseen_part_text(part) or str(part.get("text", "")) for part in output)
+        return str(output)
     if kind in ("mcp_call", "mcp_approval_request"):
         return f"{item.get('server_label')}.{item.get('name')}({item.get('arguments')})"
     if kind == "code_interpreter_call":

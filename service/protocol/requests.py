@@ -17,16 +17,65 @@ from service.protocol.items import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
+    ItemReference,
     McpApprovalResponseItem,
     MessageItem,
+    RefusalPart,
 )
 from service.protocol.text import TextConfig
-from service.protocol.tools import AllowedToolsChoice, McpTool, McpToolChoice, Tool, ToolChoice, unoffered_tool
+from service.protocol.tools import (
+    UNOFFERED_TOOL_TYPES,
+    AllowedToolsChoice,
+    CustomTool,
+    FunctionTool,
+    McpTool,
+    McpToolChoice,
+    NamespaceTool,
+    Tool,
+    ToolChoice,
+    not_offered,
+)
+
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+SummaryMode = Literal["auto", "concise", "detailed"]
+# Every effort OpenAI accepts, onto the model's three levels (and so onto config's reasoning budgets).
+_MODEL_EFFORT: dict[str, Literal["low", "medium", "high"]] = {
+    "none": "low",
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
 
 
 class ReasoningConfig(Strict):
-    effort: Literal["low", "medium", "high"] | None = None
-    summary: None = None
+    effort: Effort | None = None
+    # Accepted and echoed; no summary parts are produced yet (see the README's compatibility table).
+    summary: SummaryMode | None = None
+    generate_summary: SummaryMode | None = None  # deprecated alias of `summary`
+
+
+class BackgroundOptions(Strict):
+    """Scheduling hints: runs start in arrival order here whatever the window."""
+
+    completion_window: Literal["soonest", "2h", "8h"] | None = None
+    continuation_id: str | None = None
+
+
+class PromptCacheOptions(Strict):
+    """Hints for OpenAI's prompt cache; this server's prefix cache keeps what it can regardless."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: str | None = None
+    # Prewarming returns no output: accepting it while generating would be a different answer.
+    prewarm: bool | None = None  # true is refused in parse_create_request
+
+
+class ImageOptions(Strict):
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
 
 
 class StreamOptions(Strict):
@@ -78,10 +127,13 @@ class CreateResponseRequest(Strict):
     background: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
-    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    safety_identifier: Annotated[str, Field(max_length=128)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
-    service_tier: Literal["auto", "default"] | None = None
+    # One tier here: any tier is accepted and the Response says "default", the tier that served it.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    # The client's own labels (Codex sends them): kept in the logged request, never shown to the model.
+    client_metadata: dict[str, str] | None = None
     reasoning: ReasoningConfig | None = None
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
@@ -97,10 +149,10 @@ class CreateResponseRequest(Strict):
     # OpenAI parameters this server cannot honour: accepted only as null (see _UNSUPPORTED).
     prompt: None = None
     context_management: Annotated[list[ContextManagement], Field(max_length=1)] | None = None
-    background_options: None = None
-    prompt_cache_options: None = None
+    background_options: BackgroundOptions | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
+    image: ImageOptions | None = None
     moderation: None = None
-    image: None = None
     access_programs: None = None
     # Extension (not in OpenAI's API): fixes the sampler so a run is reproducible.
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
@@ -120,10 +172,7 @@ class CreateResponseRequest(Strict):
 # Why each OpenAI parameter without a meaning here is refused when it is set (null is accepted).
 _UNSUPPORTED = {
     "prompt": "Prompt templates are stored on OpenAI's platform; this server has none. Send the input itself.",
-    "background_options": "Background options are not supported; background=true alone is.",
-    "prompt_cache_options": "Prompt cache options are not supported (there is no prompt cache to configure).",
     "moderation": "This server runs no moderation model.",
-    "image": "This server has no image generation.",
     "access_programs": "Access programs are an OpenAI platform feature this server does not have.",
 }
 
@@ -143,27 +192,18 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
     for name, reason in _UNSUPPORTED.items():
         if name in body:
             raise InvalidRequest(f"Unsupported parameter: '{name}'. {reason}", param=name, code="unsupported_parameter")
-    if body.get("service_tier") not in (None, "auto", "default"):
+    cache_options = body.get("prompt_cache_options")
+    if isinstance(cache_options, dict) and cache_options.get("prewarm") is True:
         raise InvalidRequest(
-            f"Unsupported value for 'service_tier': {body['service_tier']!r}. This server has one tier: "
-            "use 'auto' or 'default'.",
-            param="service_tier",
+            "prompt_cache_options.prewarm=true asks for no output; this server has no cache to prewarm and always "
+            "generates. Leave prewarm unset.",
+            param="prompt_cache_options.prewarm",
             code="unsupported_value",
         )
     if isinstance(body.get("input"), list):
         _refuse_unsupported_parts(body["input"])
-        # OpenAI accepts EasyInputMessage items without a `type`; give them their tag before validation.
-        body = {
-            **body,
-            "input": [
-                {**item, "type": "message"}
-                if isinstance(item, dict) and "type" not in item and "role" in item
-                else item
-                for item in body["input"]
-            ],
-        }
-    if isinstance(body, dict) and (refused := unoffered_tool(body.get("tools"))) is not None:
-        raise InvalidRequest(refused[1], param=f"tools[{refused[0]}].type", code="unsupported_tool")
+        # OpenAI accepts EasyInputMessage items, and item references, without a `type`: tag them first.
+        body = {**body, "input": [_tagged(item) for item in body["input"]]}
     try:
         request = CreateResponseRequest.model_validate(body)
     except ValidationError as exc:
@@ -181,16 +221,47 @@ def parse_create_request(body: Any) -> CreateResponseRequest:
     return request
 
 
+def _tagged(item: Any) -> Any:
+    if not isinstance(item, dict) or "type" in item:
+        return item
+    if "role" in item:
+        return {**item, "type": "message"}
+    return {**item, "type": "item_reference"} if "id" in item else item
+
+
+def refuse_not_offered(request: CreateResponseRequest) -> None:
+    """The operator's choice (SERVICE_REFUSE_UNSUPPORTED_TOOLS): a tool this server does not run is a 400."""
+    for index, kind in not_offered(request.tools):
+        raise InvalidRequest(
+            f"This server does not offer {UNOFFERED_TOOL_TYPES[kind]} (tool type '{kind}'). "
+            "It calls 'function' and 'custom' tools through the client.",
+            param=f"tools[{index}].type",
+            code="unsupported_tool",
+        )
+
+
+def model_effort(request: CreateResponseRequest) -> Literal["low", "medium", "high"]:
+    """The model's reasoning level for the request's `reasoning.effort` (medium when unset)."""
+    effort = request.reasoning.effort if request.reasoning else None
+    return _MODEL_EFFORT[effort] if effort is not None else "medium"
+
+
 def _check_tools(request: CreateResponseRequest) -> None:
-    """tool_choice must name tools the request offers; names are unique (the model addresses tools by name)."""
+    """tool_choice must name tools the request offers; names are unique (the model addresses tools by name,
+    a namespace's functions among them)."""
     kinds: dict[str, str] = {}
     labels = {tool.server_label for tool in request.tools if isinstance(tool, McpTool)}
     for index, tool in enumerate(request.tools):
-        if not hasattr(tool, "name"):
-            continue  # server tools (mcp, code_interpreter): checked by service/tools/specs.py
-        if tool.name in kinds:
-            raise InvalidRequest(f"Duplicate tool name '{tool.name}'.", param=f"tools[{index}].name")
-        kinds[tool.name] = tool.type
+        named: list[tuple[str, FunctionTool | CustomTool]] = []
+        if isinstance(tool, NamespaceTool):
+            named = [(f"tools[{index}].tools[{inner}].name", fn) for inner, fn in enumerate(tool.tools)]
+        elif isinstance(tool, FunctionTool | CustomTool):
+            named = [(f"tools[{index}].name", tool)]
+        # server tools (mcp, code_interpreter): checked by service/tools/specs.py
+        for param, fn in named:
+            if fn.name in kinds:
+                raise InvalidRequest(f"Duplicate tool name '{fn.name}'.", param=param)
+            kinds[fn.name] = fn.type
     choice = request.tool_choice
     if choice == "required" and not request.tools:
         raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
@@ -233,9 +304,11 @@ def _invalid_from_validation(exc: ValidationError) -> InvalidRequest:
     first = max(exc.errors(), key=lambda error: len(error["loc"]))
     # Drop the type tags pydantic inserts into locations (e.g. 'list[TextPart]', 'message', 'str').
     path = []
-    for part in first["loc"]:
+    for position, part in enumerate(first["loc"]):
         text = str(part)
-        if isinstance(part, int):
+        if position == 0:  # a top-level parameter, never a tag (`reasoning` is both)
+            path.append(f".{text}")
+        elif isinstance(part, int):
             path.append(f"[{part}]")
         elif "[" in text or text in _TYPE_TAGS:
             continue
@@ -267,14 +340,23 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
     out: list[ConversationItem] = []
     for index, item in enumerate(items, start=first_index):
         item_id = item.id or derived_id(ID_PREFIX[item.type], owner_id, f"{key}:{index}")
-        if isinstance(item, MessageItem):
+        if isinstance(item, ItemReference):
+            out.append({"id": item.id, "type": "item_reference"})  # resolved by service/item_references.py
+        elif isinstance(item, MessageItem):
             part_type = "output_text" if item.role == "assistant" else "input_text"
-            parts = [item.content] if isinstance(item.content, str) else [part.text for part in item.content]
+            parts = [item.content] if isinstance(item.content, str) else item.content
             content: list[dict[str, Any]] = [
-                {"type": part_type, "text": text, **({"annotations": []} if part_type == "output_text" else {})}
-                for text in parts
+                {"type": "refusal", "refusal": part.refusal}
+                if isinstance(part, RefusalPart)
+                else {
+                    "type": part_type,
+                    "text": part if isinstance(part, str) else part.text,
+                    **({"annotations": []} if part_type == "output_text" else {}),
+                }
+                for part in parts
             ]
-            out.append({"id": item_id, "type": "message", "role": item.role, "content": content, "status": "completed"})
+            message = {"id": item_id, "type": "message", "role": item.role, "content": content, "status": "completed"}
+            out.append({**message, "phase": item.phase} if item.phase is not None else message)
         elif isinstance(item, FunctionCallItem):
             out.append(
                 {
@@ -284,6 +366,7 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
                     "name": item.name,
                     "arguments": item.arguments,
                     "status": "completed",
+                    **({"namespace": item.namespace} if item.namespace is not None else {}),
                 }
             )
         elif isinstance(item, CustomToolCallItem):
@@ -303,7 +386,7 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
                     "id": item_id,
                     "type": "custom_tool_call_output",
                     "call_id": item.call_id,
-                    "output": item.output,
+                    "output": _tool_output(item.output),
                     "status": "completed",
                 }
             )
@@ -313,7 +396,7 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
                     "id": item_id,
                     "type": "function_call_output",
                     "call_id": item.call_id,
-                    "output": item.output,
+                    "output": _tool_output(item.output),
                     "status": "completed",
                 }
             )
@@ -324,6 +407,11 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
             reasoning_parts = [{"type": "reasoning_text", "text": part.text} for part in item.content or []]
             out.append({"id": item_id, "type": "reasoning", "summary": [], "content": reasoning_parts})
     return out
+
+
+def _tool_output(output: Any) -> Any:
+    """A tool output as sent: a string, or its content parts without the fields the client left out."""
+    return output if isinstance(output, str) else [part.model_dump(exclude_none=True) for part in output]
 
 
 _TYPE_TAGS = {
@@ -339,6 +427,11 @@ _TYPE_TAGS = {
     "custom",
     "custom_tool_call",
     "custom_tool_call_output",
+    "item_reference",
+    "input_text",
+    "input_image",
+    "input_file",
+    "output_text",
     "allowed_tools",
     "json_schema",
     "json_object",

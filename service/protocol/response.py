@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.protocol.requests import CreateResponseRequest
+from service.protocol.tools import echoed_tool
 
 
 def initial_response(
@@ -32,7 +33,7 @@ def initial_response(
         "prompt": None,  # stored prompt templates are not supported (a request naming one is a 400)
         "prompt_cache_key": request.prompt_cache_key,
         "prompt_cache_retention": request.prompt_cache_retention,
-        "reasoning": {"effort": (request.reasoning.effort if request.reasoning else None), "summary": None},
+        "reasoning": _reasoning(request),
         "safety_identifier": request.safety_identifier,
         "service_tier": "default",
         "store": request.store,
@@ -40,18 +41,27 @@ def initial_response(
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "presence_penalty": 0.0 if request.presence_penalty is None else request.presence_penalty,
         "frequency_penalty": 0.0 if request.frequency_penalty is None else request.frequency_penalty,
-        "text": {"format": _text_format(request), "verbosity": "medium"},
+        "text": {"format": _text_format(request), "verbosity": (request.text and request.text.verbosity) or "medium"},
         "tool_choice": request.tool_choice
         if isinstance(request.tool_choice, str)
         else request.tool_choice.model_dump(),
         # MCP secrets (headers, authorization) never reach the stored Response.
-        "tools": [tool.model_dump(exclude_none=False, exclude={"headers", "authorization"}) for tool in request.tools],
+        "tools": [echoed_tool(tool) for tool in request.tools],
         "top_logprobs": request.top_logprobs or 0,
         "truncation": request.truncation or "disabled",
         "usage": None,
         "user": request.user,
         "completed_at": None,
     }
+
+
+def _reasoning(request: CreateResponseRequest) -> dict[str, Any]:
+    """`reasoning` echoed as sent (effort as named, not the level it maps to)."""
+    sent = request.reasoning
+    echoed: dict[str, Any] = {"effort": sent.effort if sent else None, "summary": sent.summary if sent else None}
+    if sent is not None and sent.generate_summary is not None:
+        echoed["generate_summary"] = sent.generate_summary
+    return echoed
 
 
 def _text_format(request: CreateResponseRequest) -> dict[str, Any]:

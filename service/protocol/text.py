@@ -37,3 +37,5 @@ Format = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discr
 
 class TextConfig(Strict):
     format: Format | None = None
+    # Echoed as sent; a hint (see verbosity_hint): no length is enforced.
+    verbosity: Literal["low", "medium", "high"] | None = None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.protocol.base import Strict
 
-# Tool types OpenAI offers that need what this server does not have (a search index, the web, a desktop);
-# an operator offers one by plugging a provider into service/tools (see SearchProvider).
+# Tool types OpenAI offers that need what this server does not have (a search index, the web, a desktop, a
+# client-side shell it does not render yet): accepted, echoed in the Response's `tools` as sent, and not offered
+# to the model (the create response says so in `x-tools-not-offered`); SERVICE_REFUSE_UNSUPPORTED_TOOLS makes them
+# a 400. An operator offers one by plugging a provider into service/tools (see SearchProvider).
 UNOFFERED_TOOL_TYPES: dict[str, str] = {
     "web_search_preview": "web search",
     "web_search_preview_2025_03_11": "web search",
@@ -17,8 +19,14 @@ UNOFFERED_TOOL_TYPES: dict[str, str] = {
     "web_search_2025_08_26": "web search",
     "file_search": "file search (vector stores)",
     "computer_use_preview": "computer use",
+    "computer": "computer use",
     "image_generation": "image generation",
     "local_shell": "a local shell",
+    "shell": "a shell",
+    "apply_patch": "apply_patch",
+    "programmatic_tool_calling": "programmatic tool calling",
+    # Every deferred function is offered up front, so there is nothing for a search to load.
+    "tool_search": "tool search (deferred tools are offered up front)",
 }
 # Run by the server (service/tools: MCP client, sandboxed interpreter; service/tool_steps: the agent loop).
 SERVER_TOOL_TYPES: dict[str, str] = {"mcp": "remote MCP servers", "code_interpreter": "the code interpreter"}
@@ -43,12 +51,19 @@ def unoffered_tool(tools: object) -> tuple[int, str] | None:
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
 
 
+Callers = list[Literal["direct", "programmatic"]]
+
+
 class FunctionTool(Strict):
     type: Literal["function"]
     name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    # Hints: a deferred function is offered up front (there is no tool search here); the rest are kept and echoed.
+    defer_loading: bool | None = None
+    output_schema: dict[str, Any] | None = None
+    allowed_callers: Callers | None = None
 
 
 class CustomTextFormat(Strict):
@@ -68,6 +83,28 @@ class CustomTool(Strict):
     name: ToolName
     description: str | None = None
     format: Annotated[CustomTextFormat | CustomGrammarFormat, Field(discriminator="type")] | None = None
+    defer_loading: bool | None = None
+    allowed_callers: Callers | None = None
+
+
+class NamespaceTool(Strict):
+    """A group of client-run functions: offered to the model as plain functions (their names must be unique
+    across the request); the model's calls come back as ordinary function_call items."""
+
+    type: Literal["namespace"]
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    tools: Annotated[
+        list[Annotated[FunctionTool | CustomTool, Field(discriminator="type")]], Field(min_length=1, max_length=512)
+    ]
+
+
+class UnofferedTool(BaseModel):
+    """A tool of a type in UNOFFERED_TOOL_TYPES: its fields are kept as sent (echoed), never read."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal[tuple(UNOFFERED_TOOL_TYPES)]  # type: ignore[valid-type]
 
 
 class McpToolNames(Strict):
@@ -103,7 +140,46 @@ class CodeInterpreterTool(Strict):
     container: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")] | AutoContainer
 
 
-Tool = Annotated[FunctionTool | CustomTool | McpTool | CodeInterpreterTool, Field(discriminator="type")]
+Tool = Annotated[
+    FunctionTool | CustomTool | NamespaceTool | McpTool | CodeInterpreterTool | UnofferedTool,
+    Field(discriminator="type"),
+]
+
+# Fields of a tool echoed only when the request set them (OpenAI's echo leaves them out).
+_ECHO_IF_SET = ("defer_loading", "output_schema", "allowed_callers")
+
+
+def echoed_tool(tool: BaseModel) -> dict[str, Any]:
+    """A tool as the Response echoes it: as sent, less MCP secrets (headers, authorization)."""
+    if isinstance(tool, UnofferedTool):
+        return tool.model_dump()
+    dumped = tool.model_dump(exclude_none=False, exclude={"headers", "authorization"})
+    if isinstance(tool, NamespaceTool):
+        dumped["tools"] = [echoed_tool(inner) for inner in tool.tools]
+    return _unset_hints_dropped(dumped)
+
+
+def _unset_hints_dropped(dumped: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in dumped.items() if not (key in _ECHO_IF_SET and value is None)}
+
+
+def model_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """The tools the model is offered: a namespace's functions as plain functions; tools this server does not
+    run left out."""
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, UnofferedTool):
+            continue
+        if isinstance(tool, NamespaceTool):
+            out += [_unset_hints_dropped(inner.model_dump()) for inner in tool.tools]
+        else:
+            out.append(_unset_hints_dropped(tool.model_dump()))
+    return out
+
+
+def not_offered(tools: list[Any]) -> list[tuple[int, str]]:
+    """(index, type) of each tool accepted but not offered to the model."""
+    return [(index, tool.type) for index, tool in enumerate(tools) if isinstance(tool, UnofferedTool)]
 
 
 class FunctionToolChoice(Strict):
