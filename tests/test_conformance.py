@@ -197,7 +197,7 @@ def test_function_call_round_trip_inputs(http: httpx.Client) -> None:
 
 def test_errors_have_openai_shape(http: httpx.Client) -> None:
     for response in (
-        http.post("/v1/responses", json={"input": "x", "service_tier": "flex"}),
+        http.post("/v1/responses", json={"input": "x", "service_tier": "gold"}),
         http.get("/v1/responses/resp_missing"),
         http.put("/v1/responses"),
         http.get("/v1/nowhere"),

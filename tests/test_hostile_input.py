@@ -119,7 +119,7 @@ CASES = [
         _json({"input": "x"}),
         headers={"Authorization": b"Bearer \xff\xfe\x80", "Content-Type": "application/json"},
     ),
-    Case("service_tier 'flex'", 400, _json({"input": "x", "service_tier": "flex"}), param="service_tier"),
+    Case("service_tier 'gold'", 400, _json({"input": "x", "service_tier": "gold"}), param="service_tier"),
     Case("a prompt template", 400, _json({"input": "x", "prompt": {"id": "pmpt_1"}}), param="prompt"),
     Case("an unknown conversation", 404, _json({"input": "x", "conversation": "conv_1"}), param="conversation"),
     Case(
