@@ -5,13 +5,16 @@ servers run by default, the trained built-in one), and real server processes sta
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -159,6 +162,30 @@ _RUN_SLOT = zlib.crc32(os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
 _PORT_BASE = 20_000 + _PORT_BLOCK * ((_RUN_SLOT + _WORKER) % _PORT_BLOCKS)
 _next_port = itertools.cycle(range(_PORT_BASE, _PORT_BASE + _PORT_BLOCK))
+
+
+_SANDBOX_ROOTS: list[Path] = []
+
+
+def new_sandbox_root() -> Path:
+    """A directory for a server's SERVICE_SANDBOX_DIR, reachable by the sandbox user (not under pytest's private
+    tmp_path). Running as root, the sandbox mounts a tmpfs on each container's directory: this process unmounts
+    what is left below its roots when it exits (a server killed by a test never removed its containers)."""
+    root = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
+    root.chmod(0o711)
+    if not _SANDBOX_ROOTS:
+        atexit.register(_remove_sandbox_roots)
+    _SANDBOX_ROOTS.append(root)
+    return root
+
+
+def _remove_sandbox_roots() -> None:
+    for root in _SANDBOX_ROOTS:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        for mount in mounts:
+            if mount.startswith(f"{root}/"):
+                subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def free_port() -> int:

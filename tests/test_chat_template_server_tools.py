@@ -6,7 +6,6 @@ rendered back as the template's tool message, and a kill -9 after the result is 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from service.prompting.chat_template import ChatTemplateFormat
 from service.prompting.chat_template_tools import ToolCallTextParser, completion_grammar
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 from tests.api_helpers import client_for
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, new_sandbox_root
 from tests.test_chat_template_model import chat_model_dir  # noqa: F401 (fixture)
 from tests.test_server_tools import (
     SECRET,
@@ -143,8 +142,7 @@ def test_code_interpreter_round_trip(
     chat_model_dir: Path,  # noqa: F811
 ) -> None:
     # Bounded code (the random model never ends a string by itself); the sandbox dir must be reachable by its user.
-    sandbox_dir = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
-    sandbox_dir.chmod(0o711)
+    sandbox_dir = new_sandbox_root()
     env = {
         "SERVICE_MODEL": str(chat_model_dir),
         "SERVICE_CODE_INTERPRETER_MAX_CODE_CHARS": "30",

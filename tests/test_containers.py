@@ -4,7 +4,6 @@ when the container, its response, or its expiry ends it (retention, also after a
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,17 +16,14 @@ from openai import OpenAI
 
 from tests.api_helpers import client_for, sql_rows
 from tests.cli_helpers import run_cli
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, new_sandbox_root
 
 ServerFactory = Callable[..., ServerProcess]
 BUDGET = {"SERVICE_REASONING_TOKENS_LOW": "6", "SERVICE_REASONING_TOKENS_MEDIUM": "6"}
 
 
 def _sandbox_dir() -> Path:
-    # The sandbox user must reach the work directories: not under pytest's private tmp_path.
-    root = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
-    root.chmod(0o711)
-    return root / "c"
+    return new_sandbox_root() / "c"
 
 
 def _env(sandbox_dir: Path, **more: str) -> dict[str, str]:

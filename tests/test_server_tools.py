@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, wait_until_terminal
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, new_sandbox_root
 from tests.test_tools_mcp import McpServer, mcp_server  # noqa: F401 (fixture)
 
 OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -321,8 +320,7 @@ def test_approval_request_then_approve_or_refuse(
 def test_code_interpreter_round_trip(server_factory: Any, database_url: str) -> None:
     # The random-weight model never ends free text by itself: bound the code it may write, so its call closes.
     # (The sandbox's directory must be reachable by the sandbox user: not under pytest's private tmp_path.)
-    sandbox_dir = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
-    sandbox_dir.chmod(0o711)
+    sandbox_dir = new_sandbox_root()
     env = {**BUDGET, "SERVICE_CODE_INTERPRETER_MAX_CODE_CHARS": "40", "SERVICE_SANDBOX_DIR": str(sandbox_dir / "c")}
     server: ServerProcess = server_factory(database_url, **env).start()
     client = client_for(server.url)
