@@ -300,6 +300,16 @@ def test_item_reference_resolves_to_the_stored_item(client: openai.OpenAI) -> No
     assert stored[0] == message and [item["id"] for item in stored[1:]] == output_ids
 
 
+def test_compaction_keeps_a_referenced_user_message_verbatim(client: openai.OpenAI) -> None:
+    first, _ = _create(client, input="Keep me verbatim.")
+    (message,) = _input_items(client, first["id"])
+    compacted = client.responses.compact(
+        model=first["model"], input=[{"type": "item_reference", "id": message["id"]}, {"role": "user", "content": "x"}]
+    )
+    kept = [item.model_dump(mode="json", exclude_unset=True) for item in compacted.output if item.type == "message"]
+    assert kept[0]["content"] == message["content"]
+
+
 def test_item_reference_resolves_a_conversation_item(client: openai.OpenAI) -> None:
     conversation = client.conversations.create(items=[{"role": "user", "content": "Kept in a conversation."}])
     (item,) = client.conversations.items.list(conversation.id).data

@@ -15,6 +15,7 @@ from service.errors import InvalidRequest
 from service.http.auth import request_project
 from service.http.body import json_body
 from service.http.include_view import open_reasoning
+from service.item_references import resolve_references
 from service.protocol.ids import new_response_id
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
 from service.store import compactions
@@ -52,7 +53,8 @@ async def _items(commands: Commands, create: CreateResponseRequest, *, project: 
     history = []
     if create.previous_response_id is not None:
         history = await commands._history(create.previous_response_id, project=project)
-    return history + list(normalize_input(create, new_response_id()))
+    # item_reference inputs stand for the stored items they name (a user message among them is kept verbatim).
+    return history + await resolve_references(commands.db, normalize_input(create, new_response_id()), project=project)
 
 
 async def _managed(
