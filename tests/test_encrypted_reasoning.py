@@ -21,6 +21,7 @@ from cryptography.fernet import Fernet
 from tests.cli_helpers import run_cli
 from tests.conftest import ServerProcess
 from tests.test_conformance import assert_event_conforms, assert_response_conforms, sse_data
+from tests.test_websocket import MODEL, TERMINAL, _send, _until_terminal
 
 ServerFactory = Callable[..., ServerProcess]
 ENCRYPTED: Final = "reasoning.encrypted_content"
@@ -239,3 +240,23 @@ def test_a_rotated_secret_key_refuses_old_blobs(tmp_path: Path, server_factory: 
     rotated = server_factory(url, SERVICE_SECRET_KEY=secret_2).start()
     error = _refused(rotated.url, "unused", [{"role": "user", "content": "hi"}, item_1])
     assert error["param"] == "input[1].encrypted_content" and "rotated" in error["message"]
+
+
+def test_websocket_mode_seals_and_opens_too(two_projects: tuple[ServerProcess, str, str]) -> None:
+    server, key_a, _ = two_projects
+    client = _client(server.url, key_a)
+    seed, _ = _reasoning_turn(client, store=False, include=[ENCRYPTED])
+    body = {"model": MODEL, "input": "think", "max_output_tokens": 8, "temperature": 2, "seed": seed}
+    with client.responses.connect() as connection:
+        _send(connection, {"type": "response.create", **body, "store": False, "include": [ENCRYPTED]})
+        events = [assert_event_conforms(frame) for frame in _until_terminal(connection)]
+        item = events[-1]["response"]["output"][0]
+        assert item["type"] == "reasoning" and isinstance(item["encrypted_content"], str)
+        sent_back = {"type": "reasoning", "summary": [], "encrypted_content": item["encrypted_content"]}
+        _send(connection, {"type": "response.create", **body, "store": False, "input": [sent_back]})
+        assert json.loads(_until_terminal(connection)[-1])["type"] in TERMINAL
+        forged = {**sent_back, "encrypted_content": _tampered(item["encrypted_content"], 30)}
+        _send(connection, {"type": "response.create", **body, "store": False, "input": [forged]})
+        error = json.loads(_until_terminal(connection)[-1])
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_encrypted_content", error
+    assert error["error"]["param"] == "input[0].encrypted_content"
