@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from service.engine.scripted import Rule, write_scripted_model
-from tests.conftest import ROOT, ServerProcess, server_on_backend
+from tests.conftest import ROOT, ServerProcess
 
 CODEX_VERSION = "0.171.0"  # what .ci/run installs
 CODEX_JS = ROOT / ".ci" / "codex" / "node_modules" / "@openai" / "codex" / "bin" / "codex.js"
@@ -48,13 +48,20 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """On SQLite, logging at info (uvicorn's line for each accepted WebSocket tells the transports apart)."""
     tmp = tmp_path_factory.mktemp("codex")
     model = write_scripted_model(tmp / "scripted-model", RULES)
-    yield from server_on_backend("sqlite", tmp, SERVICE_MODEL=str(model))
+    url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
+    process = ServerProcess(url, tmp / "server.log", log_level="info", SERVICE_MODEL=str(model)).start()
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
-def _codex_home(tmp: Path, server: ServerProcess) -> Path:
-    """A stock config: the custom provider and the model, nothing else."""
+def _codex_home(tmp: Path, server: ServerProcess, *, websockets: bool = False) -> Path:
+    """A stock config: the custom provider and the model, nothing else (and, for WebSocket mode, the
+    provider's `supports_websockets`)."""
     home = tmp / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text(
@@ -65,7 +72,7 @@ def _codex_home(tmp: Path, server: ServerProcess) -> Path:
         'name = "local test server"\n'
         f'base_url = "{server.url}/v1"\n'
         'wire_api = "responses"\n'
-        'env_key = "LOCAL_RESPONSES_API_KEY"\n'
+        'env_key = "LOCAL_RESPONSES_API_KEY"\n' + ("supports_websockets = true\n" if websockets else "")
     )
     return home
 
@@ -78,9 +85,11 @@ def _scratch_repo(tmp: Path) -> Path:
     return repo
 
 
-def codex_exec(tmp: Path, server: ServerProcess, prompt: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def codex_exec(
+    tmp: Path, server: ServerProcess, prompt: str, *, websockets: bool = False
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`codex exec PROMPT` in a scratch git repository; returns the finished process and the repository."""
-    home, repo = _codex_home(tmp, server), _scratch_repo(tmp)
+    home, repo = _codex_home(tmp, server, websockets=websockets), _scratch_repo(tmp)
     env = {
         **os.environ,
         "CODEX_HOME": str(home),
@@ -147,13 +156,25 @@ def test_say_hello_completes_a_turn(tmp_path: Path, server: ServerProcess) -> No
     assert output[0]["content"][0]["text"] == "Hello!"
 
 
-def test_exec_command_turn_runs_the_command_and_completes(tmp_path: Path, server: ServerProcess) -> None:
-    before = len(_stored_responses(server))
-    done, repo = codex_exec(tmp_path, server, "Create the marker file")
+def _websockets_accepted(server: ServerProcess) -> int:
+    return server.log_path.read_text(errors="replace").count('\\"WebSocket /v1/responses\\" [accepted]')
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+def test_exec_command_turn_runs_the_command_and_completes(
+    tmp_path: Path, server: ServerProcess, transport: str
+) -> None:
+    before, sockets = len(_stored_responses(server)), _websockets_accepted(server)
+    done, repo = codex_exec(tmp_path, server, "Create the marker file", websockets=transport == "websocket")
     assert done.returncode == 0, _report(done, server)
     assert (repo / "marker.txt").read_text() == "codex-was-here\n", _report(done, server)
     assert done.stdout.strip().splitlines()[-1] == "Done.", _report(done, server)
     assert "ERROR" not in done.stderr, _report(done, server)
+    # With supports_websockets Codex talks over `GET /v1/responses` upgraded (and would fall back to HTTP).
+    assert (_websockets_accepted(server) > sockets) == (transport == "websocket"), _report(done, server)
+    if transport == "websocket":  # store: false responses made on a socket are forgotten when it closes
+        assert _stored_responses(server)[before:] == []
+        return
     # The turn as the server recorded it: a call of exec_command, then (with its output sent back) the answer.
     new = _stored_responses(server)[before:]
     assert [r["status"] for r in new] == ["completed", "completed"], new
