@@ -80,8 +80,12 @@ _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 # How long one sequence's grammar mask may take before that sequence fails (ordinary masks take well under 10 ms).
 # The others never wait this long (a late mask sits its steps out), so it is generous: loaded machines.
 DEFAULT_MASK_DEADLINE_S = 2.0
-# Least time a step waits for a late mask before its sequence sits the step out (otherwise the last decode's time).
-_MIN_MASK_GRACE_S = 0.002
+# How long a step waits for a mask not ready when it starts (it had the last decode's time to run beside the model)
+# before its sequence sits the step out.
+_MASK_GRACE_S = 0.002
+# With no other sequence to step, how long a step waits for a late mask before returning empty-handed: the engine
+# thread comes back soon to admit newcomers, which would otherwise wait for the slow mask.
+_ALONE_MASK_WAIT_S = 0.01
 # Prompts warm_prefix() keeps for warm() to prefill (the most recent ones).
 _WARM_QUEUE = 4
 # Decode bindings kept (one per run of slots a decode step takes: batch sizes, chunks past max_batch, slots of
@@ -274,7 +278,6 @@ class OnnxEngine:
         reusable = self._cut_anywhere and prefix_cache_bytes > 0
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if reusable else None
         self._mask_pool: ThreadPoolExecutor | None = None  # started on the first constrained step
-        self._last_decode_s = 0.0  # how long a late mask may hold the others (see _await_masks)
         # Prompts expected soon (warm_prefix), prefilled into the prefix cache by warm().
         self._to_warm: deque[list[int]] = deque(maxlen=_WARM_QUEUE)
         self._warming: _Sequence | None = None  # the one being prefilled (it holds a KV slot)
@@ -349,8 +352,8 @@ class OnnxEngine:
         seq.mask_job = _MaskJob(job, time.monotonic(), self._mask_pool)
 
     def _await_masks(self) -> None:
-        """Settle every ready constrained sequence's next mask before sampling. One not ready within a grace
-        (the last decode's time: the others never wait for it longer) sits this step out, its state untouched
+        """Settle every ready constrained sequence's next mask before sampling. One not ready within a short grace
+        (it ran beside the last decode: the others never wait for it longer) sits this step out, its state untouched
         (`held`); one not ready by its deadline, or whose grammar ran out of fuel, is dropped and reported by
         pop_failures(). A job still running past the grace keeps its thread: later masks go to a fresh pool, and
         jobs queued behind it move there (with a fresh deadline: the wait was not theirs)."""
@@ -359,10 +362,10 @@ class OnnxEngine:
             seq.held = False
             if seq.mask_job is None:  # just prefilled
                 self._submit_mask(seq)
-        # With nobody else to step, a late mask is waited for until its deadline rather than polled.
+        # With nobody else to step, a late mask is waited for longer (polled in slices: newcomers come in between).
         others = len(waiting) > 1 or any(seq.constraint is None or not seq.ready for seq in self._seqs.values())
-        grace = max(_MIN_MASK_GRACE_S, self._last_decode_s)
-        pending = self._wait_masks(waiting, time.monotonic() + grace, others)
+        grace = _MASK_GRACE_S if others else _ALONE_MASK_WAIT_S
+        pending = self._wait_masks(waiting, time.monotonic() + grace)
         queued = [(seq_id, seq) for seq_id, seq in pending if seq.mask_job is not None and seq.mask_job.future.cancel()]
         stuck = [seq.mask_job for _, seq in pending if seq.mask_job is not None and not seq.mask_job.future.cancelled()]
         if self._mask_pool is not None and any(job.pool is self._mask_pool for job in stuck):
@@ -372,7 +375,7 @@ class OnnxEngine:
             for _, seq in queued:
                 self._submit_mask(seq)
             pending = [item for item in pending if item not in queued]
-            pending += self._wait_masks(queued, time.monotonic() + grace, others)
+            pending += self._wait_masks(queued, time.monotonic() + grace)
         now = time.monotonic()
         for seq_id, seq in pending:
             job = seq.mask_job
@@ -394,18 +397,14 @@ class OnnxEngine:
             if reason:
                 self._fail(seq_id, EngineError(f"the response format's grammar is too complex to follow: {reason}"))
 
-    def _wait_masks(
-        self, waiting: list[tuple[str, _Sequence]], grace_end: float, others: bool
-    ) -> list[tuple[str, _Sequence]]:
-        """Wait for the jobs until `grace_end` (until their deadlines when no other sequence could go on); the
-        sequences whose masks are not ready then. A job that raised fails its own sequence."""
+    def _wait_masks(self, waiting: list[tuple[str, _Sequence]], grace_end: float) -> list[tuple[str, _Sequence]]:
+        """Wait for the jobs until `grace_end` (or their deadlines, if sooner); the sequences whose masks are not
+        ready then. A job that raised fails its own sequence."""
         pending: list[tuple[str, _Sequence]] = []
         for seq_id, seq in waiting:
             job = seq.mask_job
             assert job is not None
-            end = job.submitted + self.mask_deadline_s
-            if others:
-                end = min(end, grace_end)
+            end = min(job.submitted + self.mask_deadline_s, grace_end)
             try:
                 job.future.result(timeout=max(0.0, end - time.monotonic()))
             except TimeoutError:
@@ -434,8 +433,7 @@ class OnnxEngine:
         else:
             for seq, token in going:
                 self._forward(seq, [token])
-        self._last_decode_s = time.perf_counter() - started
-        self.prefill_pacer.observe_decode(self._last_decode_s)
+        self.prefill_pacer.observe_decode(time.perf_counter() - started)
 
     def remove_sequence(self, seq_id: str) -> None:
         self._failed.pop(seq_id, None)
