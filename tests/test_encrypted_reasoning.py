@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Final
 
 import httpx
@@ -217,8 +216,8 @@ def test_events_and_reads_carry_encrypted_content_that_conforms(two_projects: tu
         assert isinstance(assert_response_conforms(plain_create.text)["output"][0]["encrypted_content"], str)
 
 
-def test_a_rotated_secret_key_refuses_old_blobs(tmp_path: Path, server_factory: ServerFactory) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
+def test_a_rotated_secret_key_refuses_old_blobs(database_url: str, server_factory: ServerFactory) -> None:
+    url = database_url  # the stored key on both backends
     stored_key = server_factory(url).start()
     _, first = _reasoning_turn(_client(stored_key.url), store=False, include=[ENCRYPTED])
     item = _sent_back(first.output[0])
