@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -17,7 +18,9 @@ import openai
 import pytest
 from openai.types.responses import FunctionToolParam
 
+from service.engine.base import SamplingParams
 from service.engine.config import read_config
+from service.engine.onnx_engine import OnnxEngine
 from service.engine.scripted import Rule, parse_rules, write_scripted_model
 from service.prompting.vocab import load_harmony
 from tests.api_helpers import client_for
@@ -42,19 +45,21 @@ def scripted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _greedy(model: Path, prompt: str, steps: int = 40) -> str:
-    """Decode `prompt` (Harmony text) with the bare graph, one token a run, as the engine does."""
+    """Decode `prompt` (Harmony text) with the bare graph, one token a run after the prompt, as the engine does
+    (the KV buffer passed back in: past and present are one [1, 1, max_context, 2] buffer)."""
     enc = load_harmony()
     session = ort.InferenceSession(str(model / "model.onnx"), providers=["CPUExecutionProvider"])
-    past = np.zeros((1, 1, 0, 2), np.float32)
-    ids, out = list(enc.encode(prompt, allowed_special="all")), []
+    buffer = np.zeros((1, 1, read_config(model).decoder.max_position, 2), np.float32)
+    ids, length, out = list(enc.encode(prompt, allowed_special="all")), 0, []
     for _ in range(steps):
+        length += len(ids)
         feed = {
             "input_ids": np.array([ids], np.int64),
-            "attention_mask": np.ones((1, past.shape[2] + len(ids)), np.int64),
-            "past_key_values.0.key": past,
-            "past_key_values.0.value": past,
+            "attention_mask": np.ones((1, length), np.int64),
+            "past_key_values.0.key": buffer,
+            "past_key_values.0.value": buffer,
         }
-        logits, past, _ = session.run(None, feed)
+        logits, buffer, _ = session.run(None, feed)
         token = int(logits[0, -1].argmax())
         out.append(token)
         ids = [token]
@@ -74,6 +79,42 @@ def test_graph_follows_the_first_matching_rule(scripted_dir: Path) -> None:
     assert _greedy(scripted_dir, tool_turn) == DONE
     # A pattern that occurs only after the last <|start|> (in the completion so far) does not count.
     assert _greedy(scripted_dir, "<|start|>user<|message|>x<|end|><|start|>assistant Say hello") != HELLO
+
+
+def test_engine_decodes_a_batch_as_each_alone(scripted_dir: Path) -> None:
+    """Shared-buffer layout: the engine decodes several sequences in one run (right-padded rows), token for token
+    what each gives alone, prompts of different lengths and rules included."""
+    enc = load_harmony()
+    prompts = {
+        "hello": "<|start|>user<|message|>Say hello<|end|><|start|>assistant",
+        "call": "<|start|>system<|message|>a longer prompt than the other one<|end|>"
+        "<|start|>user<|message|>Do it<|end|><|start|>assistant",
+    }
+    params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=7, stop_token_ids=frozenset({200_002, 200_012}))
+
+    rows: list[int] = []
+
+    def decode(names: list[str]) -> dict[str, str]:
+        engine = OnnxEngine(scripted_dir, intra_op_threads=1)
+        run = engine._decode_batch
+
+        def counted(batch: list[Any]) -> None:
+            rows.append(len(batch))
+            run(batch)
+
+        engine._decode_batch = counted  # type: ignore[method-assign]
+        for name in names:
+            engine.add_sequence(name, list(enc.encode(prompts[name], allowed_special="all")), params)
+        out: dict[str, list[int]] = {name: [] for name in names}
+        while engine.active_sequence_ids():
+            for name, token in engine.step().items():
+                out[name].append(token.token_id)
+        return {name: enc.decode(tokens) for name, tokens in out.items()}
+
+    together = decode(["hello", "call"])
+    assert together == {**decode(["hello"]), **decode(["call"])}
+    assert together == {"hello": HELLO, "call": CALL}
+    assert 2 in rows  # both decoded in one run while both went on
 
 
 def test_config_and_rules_parsing(scripted_dir: Path) -> None:

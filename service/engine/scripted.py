@@ -3,8 +3,10 @@
 For tests of real clients whose prompts exceed the built-in model's context (Codex CLI's stock prompt is ~5,600
 tokens): the server, its protocol, log and constrained decoding are the real ones, only the model is a script.
 
-How it works. The graph has the standard decoder-with-past layout (engine/graph_standard.py) with one layer whose
-"key" cache holds the sequence's token ids as floats (exact below 2**24), so each step sees every token so far.
+How it works. The graph has the shared-buffer decoder layout of the contrib graphs (engine/graph_contrib.py: one
+[batch, 1, max_context, 2] KV buffer per tensor, bound by the engine as both past and present, so sequences decode
+batched, right-padded as attention_mask says) with one layer whose cache holds the token ids as floats (exact
+below 2**24), written at their positions by ScatterElements: each step sees every token of its row so far.
 From them it finds the last `<|start|>` (each completion starts after the prompt's `<|start|>assistant`) and k,
 the number of tokens after it; and it picks a rule: the first whose `when` patterns (token sequences) all occur in
 the sequence before that `<|start|>` (rules without patterns always match). The next token is the rule's
@@ -101,19 +103,27 @@ def build_scripted_graph(
     for r, toks in enumerate(tables):
         table[r, : len(toks)] = toks
 
-    # The cache: ids as floats, [b, 1, total, 2]; present = past + this run's ids.
+    # The cache: ids as floats, one [b, 1, max_context, 2] buffer that the engine binds as both past and present
+    # (as GroupQueryAttention's): this run's ids are written at their positions, after each row's past.
     ids = g.op("Cast", ["input_ids"], to=onnx.TensorProto.FLOAT)
-    new = g.op("Expand", [g.op("Unsqueeze", [ids, g.const([1, 3])]), g.const([1, 1, 1, _KV_WIDTH])])
-    g.op_named("Concat", ["past_key_values.0.key", new], ["present.0.key"], axis=2)
-    g.op_named("Identity", ["present.0.key"], ["present.0.value"])
+    new = g.op("Expand", [g.op("Unsqueeze", [ids, g.const([1, 3])]), g.const([1, 1, 1, _KV_WIDTH])])  # [b,1,s,2]
+    total = g.op("Shape", ["attention_mask"], start=1, end=2)  # [1]: T, the longest row's past + s
+    steps = g.op("Shape", ["input_ids"], start=1, end=2)
+    past_len = g.op("Sub", [g.op("ReduceSum", ["attention_mask", g.const([1])], keepdims=1), steps])  # [b, 1]
+    offsets = g.op("Unsqueeze", [g.op("Range", [g.const(0), g.op("Squeeze", [steps]), g.const(1)]), g.const([0])])
+    positions = g.op("Unsqueeze", [g.op("Add", [past_len, offsets]), g.const([1, 3])])  # [b, 1, s, 1]
+    where = g.op("Expand", [positions, g.op("Shape", [new])])
+    for kind in ("key", "value"):
+        g.op_named("ScatterElements", [f"past_key_values.0.{kind}", where, new], [f"present.0.{kind}"], axis=2)
 
-    # seq [b, T]: the ids, -1 where attention_mask is 0 (padding).
-    col = g.op("Slice", ["present.0.key", g.const([0]), g.const([1]), g.const([3])])
+    # seq [b, T]: the ids, -1 where attention_mask is 0 (a shorter row's padding).
+    col = g.op(
+        "Slice", ["present.0.key", g.const([0, 0]), g.op("Concat", [total, g.const([1])], axis=0), g.const([2, 3])]
+    )
     seq = g.op("Reshape", [col, g.const([0, -1])])
     real = g.op("Cast", ["attention_mask"], to=onnx.TensorProto.BOOL)
     neg = g.const(-1.0, np.float32)
     seq = g.op("Where", [real, seq, neg])
-    total = g.op("Shape", [seq], start=1, end=2)  # [1]
     idx = g.op("Cast", [g.op("Range", [g.const(0), g.op("Squeeze", [total]), g.const(1)])], to=onnx.TensorProto.FLOAT)
     idx = g.op("Unsqueeze", [idx, g.const([0])])  # [1, T]
 
@@ -153,14 +163,14 @@ def build_scripted_graph(
     onehot = g.op("OneHot", [token, g.const(vocab_size), values], axis=-1)  # [b, V]
     g.op_named("Unsqueeze", [onehot, g.const([1])], ["logits"])
 
-    kv: list[int | str] = ["batch", 1, "past_seq", _KV_WIDTH]
+    kv: list[int | str] = ["batch", 1, "max_context", _KV_WIDTH]
     inputs = [
         tensor_info("input_ids", INT64, ["batch", "seq"]),
         tensor_info("attention_mask", INT64, ["batch", "total_seq"]),
         tensor_info("past_key_values.0.key", FLOAT, kv),
         tensor_info("past_key_values.0.value", FLOAT, kv),
     ]
-    present: list[int | str] = ["batch", 1, "total_seq", _KV_WIDTH]
+    present = kv
     outputs = [
         tensor_info("logits", FLOAT, ["batch", 1, vocab_size]),
         tensor_info("present.0.key", FLOAT, present),
@@ -194,6 +204,7 @@ def write_scripted_model(
     extra: dict[str, Any] = {
         "format": "onnx-decoder-with-past",
         "graph": "scripted",
+        "kv_cache": "shared_buffer",
         "logits": "last_position",
         "quantization": None,
         "model_id": model_id,
