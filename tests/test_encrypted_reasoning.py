@@ -134,6 +134,10 @@ def test_store_false_round_trip_renders_the_stored_chains_prompt(two_projects: t
     assert sealed.status_code == 200, sealed.text
     assert sealed.json()["input_tokens"] == in_clear.json()["input_tokens"] == chain.json()["input_tokens"]
     assert sealed.json()["input_tokens"] > left_out.json()["input_tokens"]
+    # Harmony's rule holds for opened reasoning too: once a final answer follows, it is not shown again.
+    answer = {"role": "assistant", "content": "done"}
+    after_final = _count(server.url, key_a, {"input": [*history, answer, more]})
+    assert after_final.json() == _count(server.url, key_a, {"input": [history[0], answer, more]}).json()
     # The sealed text wins over a `content` sent beside it.
     beside = {**_sent_back(reasoning), "content": [{"type": "reasoning_text", "text": "x" * 50}]}
     assert _count(server.url, key_a, {"input": [history[0], beside, more]}).json() == sealed.json()
