@@ -353,6 +353,13 @@ def test_tools_this_server_does_not_run_are_accepted_echoed_and_said(client: ope
     assert _count(client, input="hi", tools=tools) == _count(client, input="hi", tools=[LOOKUP])
 
 
+def test_a_streamed_create_says_which_tools_were_not_offered(http: httpx.Client) -> None:
+    body = {"input": "hi", "tools": [{"type": "web_search"}], "stream": True, "max_output_tokens": 2}
+    with http.stream("POST", "/v1/responses", json=body) as reply:
+        assert reply.status_code == 200 and reply.headers["x-tools-not-offered"] == "web_search"
+        reply.read()
+
+
 def test_a_request_without_unoffered_tools_has_no_header(client: openai.OpenAI) -> None:
     _, reply = _create(client, input="hi", tools=[LOOKUP])
     assert "x-tools-not-offered" not in reply
