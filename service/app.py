@@ -102,7 +102,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             await db.dispose()
 
     return Starlette(
-        routes=compaction_routes + conversation_routes + container_routes + routes + websocket_routes,
+        routes=[*compaction_routes, *conversation_routes, *container_routes, *routes, *websocket_routes],
         lifespan=lifespan,
         middleware=[
             Middleware(RequestContextMiddleware, routes=routes),
