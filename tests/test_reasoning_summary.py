@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from service.projection import project
@@ -12,7 +13,9 @@ from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import initial_response, parse_create_request
 from service.reasoning_summary import summarize, summary_level
 from service.stream_builder import StreamBuilder
-from tests.test_conformance import assert_event_conforms
+from tests.api_helpers import assert_well_formed_stream, client_for, raw_events
+from tests.conftest import ServerProcess
+from tests.test_conformance import assert_event_conforms, assert_response_conforms
 
 REASONING = "The user wants a greeting.  I should answer briefly! Then stop? Nothing else matters here. Done."
 
@@ -85,3 +88,39 @@ def test_no_summary_unless_asked() -> None:
     events = _events(None)
     assert not any("summary" in e["type"] for e in events)
     assert events[-1]["response"]["output"][0]["summary"] == []
+
+
+def test_summaries_through_the_server(server_factory: Any, database_url: str) -> None:
+    """The official client asks for `reasoning.summary`: the reasoning item carries the extract, streamed live
+    as OpenAI's events, stored, and replayed from the log byte for byte."""
+    # A short reasoning budget: the random model's analysis is cut after a few tokens and the answer follows.
+    server: ServerProcess = server_factory(database_url, SERVICE_REASONING_TOKENS_LOW="12").start()
+    client = client_for(server.url)
+    ask: Any = {"model": "random-harmony-tiny", "input": "think", "max_output_tokens": 20, "temperature": 2}
+    ask["reasoning"] = {"effort": "low", "summary": "detailed"}
+    # Random weights: the first seed (seeded, so repeatable) whose output starts with reasoning that has text.
+    seed = next(
+        seed
+        for seed in range(40)
+        if (out := client.responses.create(**ask, extra_body={"seed": seed}).output)
+        and out[0].type == "reasoning"
+        and out[0].content
+        and out[0].content[0].text.strip()
+    )
+    with client.responses.stream(**ask, extra_body={"seed": seed}) as stream:
+        live = [event.model_dump(mode="json", exclude_unset=True) for event in stream]
+    response_id = live[0]["response"]["id"]
+    replayed = raw_events(server.url, response_id)
+    assert_well_formed_stream(replayed)
+    assert [e["type"] for e in replayed] == [e["type"] for e in live]
+    for event in replayed:
+        assert_event_conforms(json.dumps(event))
+    reasoning = [e["item"] for e in replayed if e["type"] == "response.output_item.done"][0]
+    assert reasoning["type"] == "reasoning", reasoning
+    expected = summarize(reasoning["content"][0]["text"], "detailed")
+    assert expected and reasoning["summary"] == [{"type": "summary_text", "text": expected}]
+    deltas = [e["delta"] for e in live if e["type"] == "response.reasoning_summary_text.delta"]
+    assert deltas == [expected]
+    stored = assert_response_conforms(httpx.get(f"{server.url}/v1/responses/{response_id}", timeout=30).text)
+    assert stored["reasoning"]["summary"] == "detailed"
+    assert stored["output"][0]["summary"] == reasoning["summary"]

@@ -52,7 +52,7 @@ _MODEL_EFFORT: dict[str, Literal["low", "medium", "high"]] = {
 
 class ReasoningConfig(Strict):
     effort: Effort | None = None
-    # Accepted and echoed; no summary parts are produced yet (see the README's compatibility table).
+    # Echoed; the stream builder adds a summary part to each reasoning item (service/reasoning_summary.py).
     summary: SummaryMode | None = None
     generate_summary: SummaryMode | None = None  # deprecated alias of `summary`
 
