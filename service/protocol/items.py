@@ -39,7 +39,9 @@ class MessageItem(Strict):
 
     @model_validator(mode="after")
     def _refusals_are_the_assistants(self) -> MessageItem:
-        if self.role != "assistant" and any(isinstance(part, RefusalPart) for part in self.content):
+        # `content` may be a string: iterating one of megabytes would check each character on the event loop.
+        parts = self.content if isinstance(self.content, list) else []
+        if self.role != "assistant" and any(isinstance(part, RefusalPart) for part in parts):
             raise ValueError("refusal content parts belong to assistant messages")
         return self
 
