@@ -31,6 +31,7 @@ from agents import (  # noqa: E402  (after the importorskip above)
     OpenAIResponsesModel,
     Runner,
     function_tool,
+    responses_websocket_session,
     set_tracing_disabled,
 )
 from agents.models.openai_responses import OpenAIResponsesWSModel  # noqa: E402
@@ -205,3 +206,23 @@ async def test_websocket_transport_runs_streams_and_chains(server: ServerProcess
     second = stored(server, str(streamed.last_response_id))
     assert second["previous_response_id"] == first.last_response_id
     assert "".join(deltas) == output_text(second) == streamed.final_output == HELLO
+
+
+async def test_websocket_session_helper_with_store_false(server: ServerProcess) -> None:
+    """`responses_websocket_session`, the SDK's documented way to keep one socket across runs: with store=False
+    the second run continues from the first on the same connection (the connection keeps its responses)."""
+    async with responses_websocket_session(base_url=server.url + "/v1", api_key="sk-test") as session:
+        agent = Agent(
+            name="assistant",
+            model=MODEL,
+            model_settings=ModelSettings(max_tokens=BOUND, store=False),
+        )
+        first = await session.run(agent, "My name is Ada")
+        second = await session.run(agent, "What is my name?", previous_response_id=first.last_response_id)
+    assert first.final_output == second.final_output == HELLO
+    # the first turn is in the second prompt: over HTTP, previous_response_id of a store=False response is a 404,
+    # so this also shows both runs went over one socket
+    first_usage, second_usage = first.raw_responses[-1].usage, second.raw_responses[-1].usage
+    assert second_usage.input_tokens > first_usage.input_tokens
+    with pytest.raises(openai.NotFoundError):  # never visible over HTTP
+        stored(server, str(second.last_response_id))
