@@ -15,6 +15,7 @@ from service.conversations.protocol import parse
 from service.errors import InvalidRequest, NotFound
 from service.http.auth import request_project
 from service.http.body import json_body
+from service.http.paging import page_query
 from service.protocol.base import Strict
 from service.store.containers import DEFAULT_EXPIRY_MINUTES
 
@@ -95,20 +96,13 @@ async def create_container(request: Request) -> Response:
 
 
 async def list_containers(request: Request) -> Response:
-    query = request.query_params
-    raw_limit = query.get("limit", "20")
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:
-        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
-    checked: Literal["asc", "desc"] = "asc" if order == "asc" else "desc"
+    paging = page_query(request)
     page = await _containers(request).list_page(
         project=request_project(request),
-        after=query.get("after"),
-        limit=int(raw_limit),
-        order=checked,
-        name=query.get("name"),
+        after=paging.after,
+        limit=paging.limit,
+        order=paging.order,
+        name=request.query_params.get("name"),
     )
     return JSONResponse(page)
 

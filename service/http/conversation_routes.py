@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -21,6 +19,7 @@ from service.http.auth import request_project
 from service.http.body import json_body
 from service.http.compaction_routes import manage_context, read_create_body
 from service.http.include_view import CI_OUTPUTS, hide_outputs, query_includes
+from service.http.paging import page_query
 from service.protocol import CreateResponseRequest, parse_create_request
 
 
@@ -52,16 +51,10 @@ async def conversation_items(request: Request) -> Response:
         body = parse(AddItemsRequest, await json_body(request))
         added = await conversations.add_items(conversation_id, body, project=project)
         return JSONResponse(added if outputs else hide_outputs(added))
-    query = request.query_params
-    raw_limit = query.get("limit", "20")
-    if not (raw_limit.isascii() and raw_limit.isdigit()) or not 1 <= int(raw_limit) <= 100:
-        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
-    checked: Literal["asc", "desc"] = "asc" if order == "asc" else "desc"
-    after, limit = query.get("after"), int(raw_limit)
-    page = await conversations.list_items(conversation_id, after=after, limit=limit, order=checked, project=project)
+    paging = page_query(request)
+    page = await conversations.list_items(
+        conversation_id, after=paging.after, limit=paging.limit, order=paging.order, project=project
+    )
     return JSONResponse(page if outputs else hide_outputs(page))
 
 

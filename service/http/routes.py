@@ -18,6 +18,7 @@ from service.http.auth import request_project
 from service.http.compaction_routes import managed_create, read_create_body
 from service.http.include_view import PLAIN_VIEW, IncludeView, hide_outputs, include_view, query_includes
 from service.http.openapi import openapi_json
+from service.http.paging import page_query
 from service.http.sse import sse_frame, tail_event_batches
 from service.limits import SubscriberLimit
 from service.observability import metrics_endpoint, response_id_var
@@ -259,15 +260,8 @@ async def delete_response(request: Request) -> Response:
 async def list_input_items(request: Request) -> Response:
     response_id = request.path_params["response_id"]
     query = request.query_params
-    raw_limit = query.get("limit", "20")
-    if not (raw_limit.isascii() and raw_limit.isdigit()):
-        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
-    limit = int(raw_limit)
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be an integer between 1 and 100.", param="limit")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be 'asc' or 'desc'.", param="order")
+    paging = page_query(request)
+    limit, order = paging.limit, paging.order
     project = request_project(request)
     await _commands(request).get(response_id, project=project)  # 404 for unknown and store=false responses
     async with request.app.state.db.connect() as connection:
