@@ -36,7 +36,7 @@ from service.protocol import (
     wants_logprobs,
 )
 from service.protocol.requests import model_effort, refuse_not_offered
-from service.protocol.tools import McpToolChoice, model_tools
+from service.protocol.tools import McpToolChoice, constraint_choice, model_tools
 from service.run_state import sampling_fact
 from service.runs import RunSupervisor
 from service.server_items import wants_auto_container
@@ -241,7 +241,7 @@ class Commands:
         """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
         choice = request.tool_choice
         constraints = constraint_spec(
-            tool_choice=choice if isinstance(choice, str) else choice.model_dump(),
+            tool_choice=constraint_choice(choice),
             text_format=prompt_request.response_format,
             max_tool_calls=getattr(request, "max_tool_calls", None),
             reasoning_budget=self.settings.reasoning_budget(prompt_request.reasoning_effort),

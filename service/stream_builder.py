@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, OutputKind
 from service.protocol import derived_id
+from service.protocol.client_tools import CALL_TYPES, ITEM_PREFIX, ClientKind, call_fields, call_namespace, client_call
 from service.reasoning_summary import summarize, summary_level
-from service.server_items import ITEM_PREFIX, ServerCall, ServerKind, classify, list_tools_item, mcp_error, new_item
+from service.server_items import ITEM_PREFIX as SERVER_PREFIX
+from service.server_items import ServerCall, ServerKind, classify, list_tools_item, mcp_error, new_item
 
 Event = dict[str, Any]
 Ending = Literal["stop", "length", "cancelled", "failed"]
@@ -23,11 +25,19 @@ Ending = Literal["stop", "length", "cancelled", "failed"]
 _ITEM_PREFIX: dict[OutputKind, str] = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
 # A call to a custom tool (the parser reports it as a function_call; the tools list tells them apart).
 _CUSTOM_CALL: Literal["custom_tool_call"] = "custom_tool_call"
+# A call to a client tool with its own item type (shell_call, ...): built whole when its arguments end.
+_CLIENT_CALL: Literal["client_call"] = "client_call"
+# The item each client call starts as (the SDK requires its action/operation before the arguments are known).
+_EMPTY_FIELDS: dict[ClientKind, dict[str, Any]] = {
+    "shell": {"action": {"commands": []}},
+    "local_shell": {"action": {"type": "exec", "command": [], "env": {}}},
+    "apply_patch": {"operation": {"type": "update_file", "path": "", "diff": ""}},
+}
 
 
 @dataclass
 class _OpenItem:
-    kind: OutputKind | Literal["custom_tool_call"] | ServerKind
+    kind: OutputKind | Literal["custom_tool_call", "client_call"] | ServerKind
     item: dict[str, Any]
     output_index: int
     text: list[str] = field(default_factory=list)
@@ -143,6 +153,8 @@ class StreamBuilder:
         output_index = len(self.output)
         if chunk.kind == "function_call" and chunk.name in self._custom_tools:
             return self._start_custom_call(chunk.name or "", output_index)
+        if chunk.kind == "function_call" and (client := client_call(chunk.name, self.response.get("tools") or [])):
+            return self._start_client_call(client, output_index)
         server = classify(chunk.name, self.response.get("tools") or []) if chunk.kind == "function_call" else None
         if server is not None:
             return self._start_server_call(server.kind, server.namespace, server.name, output_index)
@@ -162,6 +174,8 @@ class StreamBuilder:
                 "name": chunk.name or "",
                 "arguments": "",
             }
+            if (namespace := call_namespace(chunk.name, self.response.get("tools") or [])) is not None:
+                item["namespace"] = namespace  # a namespace's function: its bare name, and its namespace
         self.output.append(item)
         self._open = _OpenItem(chunk.kind, item, output_index)
         self._carried_logprobs = []
@@ -192,8 +206,23 @@ class StreamBuilder:
         self._carried_logprobs = []
         return [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
 
+    def _start_client_call(self, kind: ClientKind, output_index: int) -> list[Event]:
+        """A shell/local_shell/apply_patch call: added now, its action filled in when the arguments end (the SDK
+        has no argument delta events for these items)."""
+        item = {
+            "id": derived_id(ITEM_PREFIX[CALL_TYPES[kind]], self.response["id"], f"output:{output_index}"),
+            "type": CALL_TYPES[kind],
+            "status": "in_progress",
+            "call_id": derived_id("call", self.response["id"], f"output:{output_index}"),
+            **copy.deepcopy(_EMPTY_FIELDS[kind]),
+        }
+        self.output.append(item)
+        self._open = _OpenItem(_CLIENT_CALL, item, output_index)
+        self._carried_logprobs = []
+        return [self._event("response.output_item.added", output_index=output_index, item=copy.deepcopy(item))]
+
     def _start_server_call(self, kind: ServerKind, namespace: str, name: str, output_index: int) -> list[Event]:
-        item_id = derived_id(ITEM_PREFIX[kind], self.response["id"], f"output:{output_index}")
+        item_id = derived_id(SERVER_PREFIX[kind], self.response["id"], f"output:{output_index}")
         item = new_item(
             ServerCall(kind, namespace, name), item_id, self.response["id"], self.response.get("tools") or []
         )
@@ -230,7 +259,7 @@ class StreamBuilder:
         out: list[Event] = []
         for entry in listed:
             index = len(self.output)
-            item_id = derived_id(ITEM_PREFIX["mcp_list_tools"], self.response["id"], f"output:{index}")
+            item_id = derived_id(SERVER_PREFIX["mcp_list_tools"], self.response["id"], f"output:{index}")
             item = list_tools_item(item_id, entry)
             self.output.append(item)
             out.append(self._event("response.output_item.added", output_index=index, item={**item, "tools": []}))
@@ -294,8 +323,8 @@ class StreamBuilder:
             return [self._event(kind, item_id=item_id, output_index=index, delta=text)]
         if self._open.kind == "mcp_call":
             return [self._event("response.mcp_call_arguments.delta", item_id=item_id, output_index=index, delta=text)]
-        if self._open.kind == "mcp_approval_request":
-            return []  # an approval request has no argument events; its done item carries them
+        if self._open.kind in ("mcp_approval_request", _CLIENT_CALL):
+            return []  # no argument events for these items: the done item carries them
         return [self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=text)]
 
     def _close_open(self, status: str) -> list[Event]:
@@ -307,7 +336,12 @@ class StreamBuilder:
         out: list[Event] = []
         if open_item.kind in ("mcp_call", "code_interpreter_call", "mcp_approval_request"):
             return out + self._close_server_call(open_item, text, status)
-        if open_item.kind == _CUSTOM_CALL:
+        if open_item.kind == _CLIENT_CALL:
+            kind: ClientKind = item["type"].removesuffix("_call")
+            item.update(call_fields(kind, text))
+            if kind == "apply_patch":  # the SDK's apply_patch_call has no `incomplete`
+                status = "completed" if status == "completed" else "in_progress"
+        elif open_item.kind == _CUSTOM_CALL:
             item["input"] = text
             out.append(
                 self._event("response.custom_tool_call_input.done", item_id=item_id, output_index=index, input=text)

@@ -9,9 +9,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from service.http.openapi_tool_models import (
+    ApplyPatchCall,
+    ApplyPatchCallOutput,
     CodeInterpreterCall,
     CodeInterpreterCodeDeltaEvent,
     CodeInterpreterCodeDoneEvent,
+    LocalShellCall,
+    LocalShellCallOutput,
     McpApprovalRequest,
     McpApprovalResponse,
     McpCall,
@@ -19,6 +23,8 @@ from service.http.openapi_tool_models import (
     McpCallArgumentsDoneEvent,
     McpListTools,
     ServerToolStatusEvent,
+    ShellCall,
+    ShellCallOutput,
 )
 from service.protocol.tools import FunctionTool, FunctionToolChoice
 
@@ -155,6 +161,9 @@ OutputItem = Annotated[
     | McpCall
     | McpApprovalRequest
     | CodeInterpreterCall
+    | ShellCall
+    | LocalShellCall
+    | ApplyPatchCall
     | CompactionItem,
     Field(discriminator="type"),
 ]
@@ -165,6 +174,12 @@ InputItem = Annotated[
     | FunctionCallOutput
     | CustomToolCall
     | CustomToolCallOutput
+    | ShellCall
+    | ShellCallOutput
+    | LocalShellCall
+    | LocalShellCallOutput
+    | ApplyPatchCall
+    | ApplyPatchCallOutput
     | McpListTools
     | McpCall
     | McpApprovalRequest

@@ -110,3 +110,88 @@ class CodeInterpreterCodeDeltaEvent(_ToolEvent):
 class CodeInterpreterCodeDoneEvent(_ToolEvent):
     type: Literal["response.code_interpreter_call_code.done"]
     code: str
+
+
+# Client-run tools with their own items (service/protocol/client_tools.py): the calls the model makes and the
+# outputs the client sends back, as the SDK types them.
+ClientCallStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class ShellAction(BaseModel):
+    commands: list[str]
+    timeout_ms: int | None = None
+    max_output_length: int | None = None
+
+
+class ShellCall(BaseModel):
+    id: str
+    type: Literal["shell_call"]
+    call_id: str
+    action: ShellAction
+    status: ClientCallStatus
+
+
+class ShellOutcome(BaseModel):
+    type: Literal["exit", "timeout"]
+    exit_code: int | None = None
+
+
+class ShellOutputChunk(BaseModel):
+    stdout: str
+    stderr: str
+    outcome: ShellOutcome
+
+
+class ShellCallOutput(BaseModel):
+    id: str
+    type: Literal["shell_call_output"]
+    call_id: str
+    output: list[ShellOutputChunk]
+    max_output_length: int | None = None
+    status: ClientCallStatus
+
+
+class LocalShellAction(BaseModel):
+    type: Literal["exec"]
+    command: list[str]
+    env: dict[str, str]
+    timeout_ms: int | None = None
+    user: str | None = None
+    working_directory: str | None = None
+
+
+class LocalShellCall(BaseModel):
+    id: str
+    type: Literal["local_shell_call"]
+    call_id: str
+    action: LocalShellAction
+    status: ClientCallStatus
+
+
+class LocalShellCallOutput(BaseModel):
+    id: str
+    type: Literal["local_shell_call_output"]
+    output: str
+    status: ClientCallStatus | None = None
+
+
+class PatchOperation(BaseModel):
+    type: Literal["create_file", "update_file", "delete_file"]
+    path: str
+    diff: str | None = None
+
+
+class ApplyPatchCall(BaseModel):
+    id: str
+    type: Literal["apply_patch_call"]
+    call_id: str
+    operation: PatchOperation
+    status: Literal["in_progress", "completed"]
+
+
+class ApplyPatchCallOutput(BaseModel):
+    id: str
+    type: Literal["apply_patch_call_output"]
+    call_id: str
+    status: Literal["completed", "failed"]
+    output: str | None = None

@@ -37,6 +37,7 @@ from service.prompting.chat_template_tools import (
     ToolCallTextParser,
     completion_grammar,
 )
+from service.protocol.client_tools import as_function_item
 from service.protocol.items import unseen_part_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -112,7 +113,7 @@ def items_to_chat_messages(
             messages.append({"role": role, "content": content, **extra})
 
     # Server-side tool calls read like function calls (chat_template_server_tools).
-    for item in server_history_items(request.items):
+    for item in server_history_items([as_function_item(i) for i in request.items]):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role", "user")

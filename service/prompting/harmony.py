@@ -30,6 +30,7 @@ from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputPars
 from service.prompting.harmony_render import BoundedRenderer
 from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages
 from service.prompting.vocab import load_harmony
+from service.protocol.client_tools import as_function_item
 from service.protocol.items import unseen_part_text
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
@@ -124,7 +125,7 @@ def items_to_messages(items: Sequence[ConversationItem]) -> list[Message]:
     """Conversation items -> Harmony messages (no system/developer header messages)."""
     names_by_call_id: dict[str, str] = {}
     out: list[Message] = []
-    for item in items:
+    for item in map(as_function_item, items):  # a client tool's call/output reads as its function's
         kind = item.get("type", "message")  # Responses allows bare {"role", "content"} messages
         if kind == "message":
             role = item.get("role")

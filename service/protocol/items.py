@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from service.protocol.base import Strict
+from service.protocol.client_tools import ITEM_PREFIX as CLIENT_ITEM_PREFIX
+from service.protocol.client_tools import call_arguments, output_text
 
 ConversationItem = dict[str, Any]
 
@@ -124,6 +126,123 @@ class CustomToolCallOutputItem(Strict):
     status: str | None = None
 
 
+class Caller(Strict):
+    type: Literal["direct", "program"]
+    caller_id: str | None = None
+
+
+class ShellAction(Strict):
+    commands: list[str]
+    timeout_ms: int | None = None
+    max_output_length: int | None = None
+
+
+class ShellCallItem(Strict):
+    """A `shell` tool call of an earlier turn (the client's history): the model reads it as its `shell` call."""
+
+    type: Literal["shell_call"]
+    id: ItemId | None = None
+    call_id: str
+    action: ShellAction
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    environment: dict[str, Any] | None = None
+    caller: Caller | None = None
+    created_by: str | None = None
+
+
+class ShellOutcome(Strict):
+    type: Literal["exit", "timeout"]
+    exit_code: int | None = None
+
+
+class ShellOutputChunk(Strict):
+    stdout: str
+    stderr: str
+    outcome: ShellOutcome
+    created_by: str | None = None
+
+
+class ShellCallOutputItem(Strict):
+    type: Literal["shell_call_output"]
+    id: ItemId | None = None
+    call_id: str
+    output: list[ShellOutputChunk]
+    max_output_length: int | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    caller: Caller | None = None
+    created_by: str | None = None
+
+
+class LocalShellAction(Strict):
+    type: Literal["exec"]
+    command: list[str]
+    env: dict[str, str]
+    timeout_ms: int | None = None
+    user: str | None = None
+    working_directory: str | None = None
+
+
+class LocalShellCallItem(Strict):
+    type: Literal["local_shell_call"]
+    id: ItemId | None = None
+    call_id: str
+    action: LocalShellAction
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class LocalShellCallOutputItem(Strict):
+    """OpenAI's shape: `id` is the call's `call_id`."""
+
+    type: Literal["local_shell_call_output"]
+    id: ItemId
+    output: str
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class PatchOperation(Strict):
+    type: Literal["create_file", "update_file", "delete_file"]
+    path: str
+    diff: str | None = None
+
+
+class ApplyPatchCallItem(Strict):
+    type: Literal["apply_patch_call"]
+    id: ItemId | None = None
+    call_id: str
+    operation: PatchOperation
+    status: Literal["in_progress", "completed"]
+    caller: Caller | None = None
+    created_by: str | None = None
+
+
+class ApplyPatchCallOutputItem(Strict):
+    type: Literal["apply_patch_call_output"]
+    id: ItemId | None = None
+    call_id: str
+    status: Literal["completed", "failed"]
+    output: str | None = None
+    caller: Caller | None = None
+    created_by: str | None = None
+
+
+ClientToolItem = (
+    ShellCallItem
+    | ShellCallOutputItem
+    | LocalShellCallItem
+    | LocalShellCallOutputItem
+    | ApplyPatchCallItem
+    | ApplyPatchCallOutputItem
+)
+
+
+def client_tool_item(item: ClientToolItem, item_id: str) -> ConversationItem:
+    """A client tool's call or output as stored and echoed: as sent (fields left out stay out), with its id; a
+    call or output without a status is completed."""
+    stored: ConversationItem = {**item.model_dump(exclude_none=True), "id": item_id}
+    stored.setdefault("status", "completed")
+    return stored
+
+
 class ReasoningText(Strict):
     type: Literal["reasoning_text"]
     text: str
@@ -164,6 +283,12 @@ InputItem = Annotated[
     | FunctionCallOutputItem
     | CustomToolCallItem
     | CustomToolCallOutputItem
+    | ShellCallItem
+    | ShellCallOutputItem
+    | LocalShellCallItem
+    | LocalShellCallOutputItem
+    | ApplyPatchCallItem
+    | ApplyPatchCallOutputItem
     | ReasoningItem,
     Field(discriminator="type"),
 ]
@@ -178,6 +303,7 @@ ID_PREFIX = {
     "reasoning": "rs",
     "mcp_approval_response": "mcpr",
     "item_reference": "ref",
+    **CLIENT_ITEM_PREFIX,
 }
 
 
@@ -195,6 +321,10 @@ def item_text(item: ConversationItem) -> str | None:
         if isinstance(output, list):
             return "".join(unseen_part_text(part) or str(part.get("text", "")) for part in output)
         return str(output)
+    if kind in ("shell_call", "local_shell_call", "apply_patch_call"):
+        return f"{str(kind).removesuffix('_call')}({call_arguments(item)})"
+    if kind in ("shell_call_output", "local_shell_call_output", "apply_patch_call_output"):
+        return output_text(item)
     if kind in ("mcp_call", "mcp_approval_request"):
         return f"{item.get('server_label')}.{item.get('name')}({item.get('arguments')})"
     if kind == "code_interpreter_call":
@@ -214,6 +344,10 @@ def item_role(item: ConversationItem) -> str | None:
         return str(item.get("role"))
     if kind in ("function_call_output", "custom_tool_call_output"):
         return "tool"
+    if kind in ("shell_call_output", "local_shell_call_output", "apply_patch_call_output"):
+        return "tool"
+    if kind in ("shell_call", "local_shell_call", "apply_patch_call"):
+        return "assistant"
     if kind in ("function_call", "custom_tool_call", "reasoning", "mcp_call", "mcp_approval_request"):
         return "assistant"
     if kind == "code_interpreter_call":

@@ -11,6 +11,7 @@ from service.protocol.base import Strict
 from service.protocol.ids import derived_id
 from service.protocol.items import (
     ID_PREFIX,
+    ClientToolItem,
     ConversationItem,
     CustomToolCallItem,
     CustomToolCallOutputItem,
@@ -21,11 +22,14 @@ from service.protocol.items import (
     McpApprovalResponseItem,
     MessageItem,
     RefusalPart,
+    client_tool_item,
 )
 from service.protocol.text import TextConfig
 from service.protocol.tools import (
     UNOFFERED_TOOL_TYPES,
     AllowedToolsChoice,
+    ClientTool,
+    ClientToolChoice,
     CustomTool,
     FunctionTool,
     McpTool,
@@ -262,6 +266,10 @@ def _check_tools(request: CreateResponseRequest) -> None:
             if fn.name in kinds:
                 raise InvalidRequest(f"Duplicate tool name '{fn.name}'.", param=param)
             kinds[fn.name] = fn.type
+        if isinstance(tool, ClientTool):  # offered as the function named after its type (client_tools)
+            if tool.type in kinds:
+                raise InvalidRequest(f"Duplicate tool name '{tool.type}'.", param=f"tools[{index}].type")
+            kinds[tool.type] = tool.type
     choice = request.tool_choice
     if choice == "required" and not request.tools:
         raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'.", param="tool_choice")
@@ -279,6 +287,9 @@ def _check_tools(request: CreateResponseRequest) -> None:
             raise InvalidRequest(
                 f"Tool choice names MCP server '{choice.server_label}', which is not in 'tools'.", param="tool_choice"
             )
+    elif isinstance(choice, ClientToolChoice):
+        if kinds.get(choice.type) != choice.type:
+            raise InvalidRequest(f"Tool choice '{choice.type}' not found in 'tools' parameter.", param="tool_choice")
     elif not isinstance(choice, str) and kinds.get(choice.name) != choice.type:
         raise InvalidRequest(
             f"Tool choice '{choice.name}' of type '{choice.type}' not found in 'tools' parameter.",
@@ -400,6 +411,8 @@ def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: i
                     "status": "completed",
                 }
             )
+        elif isinstance(item, ClientToolItem):
+            out.append(client_tool_item(item, item_id))
         elif isinstance(item, McpApprovalResponseItem):
             answer = {"approval_request_id": item.approval_request_id, "approve": item.approve, "reason": item.reason}
             out.append({"id": item_id, "type": "mcp_approval_response", **answer})
@@ -439,6 +452,15 @@ _TYPE_TAGS = {
     "dict",
     "list",
     "none",
+    "shell",
+    "local_shell",
+    "apply_patch",
+    "shell_call",
+    "shell_call_output",
+    "local_shell_call",
+    "local_shell_call_output",
+    "apply_patch_call",
+    "apply_patch_call_output",
 }
 
 

@@ -7,11 +7,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.protocol.base import Strict
+from service.protocol.client_tools import CLIENT_FUNCTIONS
 
-# Tool types OpenAI offers that need what this server does not have (a search index, the web, a desktop, a
-# client-side shell it does not render yet): accepted, echoed in the Response's `tools` as sent, and not offered
-# to the model (the create response says so in `x-tools-not-offered`); SERVICE_REFUSE_UNSUPPORTED_TOOLS makes them
-# a 400. An operator offers one by plugging a provider into service/tools (see SearchProvider).
+# Tool types OpenAI offers that need what this server does not have (a search index, the web, a desktop):
+# accepted, echoed in the Response's `tools` as sent, and not offered to the model (the create response says so
+# in `x-tools-not-offered`); SERVICE_REFUSE_UNSUPPORTED_TOOLS makes them a 400. An operator offers one by plugging
+# a provider into service/tools (see SearchProvider).
 UNOFFERED_TOOL_TYPES: dict[str, str] = {
     "web_search_preview": "web search",
     "web_search_preview_2025_03_11": "web search",
@@ -21,9 +22,6 @@ UNOFFERED_TOOL_TYPES: dict[str, str] = {
     "computer_use_preview": "computer use",
     "computer": "computer use",
     "image_generation": "image generation",
-    "local_shell": "a local shell",
-    "shell": "a shell",
-    "apply_patch": "apply_patch",
     "programmatic_tool_calling": "programmatic tool calling",
     # Every deferred function is offered up front, so there is nothing for a search to load.
     "tool_search": "tool search (deferred tools are offered up front)",
@@ -99,6 +97,16 @@ class NamespaceTool(Strict):
     ]
 
 
+class ClientTool(BaseModel):
+    """`shell`, `local_shell`, `apply_patch`: run by the client, offered to the model as a function of the SDK's
+    action shape (service/protocol/client_tools.py); the other fields (environment, ...) are kept as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["shell", "local_shell", "apply_patch"]
+    allowed_callers: Callers | None = None
+
+
 class UnofferedTool(BaseModel):
     """A tool of a type in UNOFFERED_TOOL_TYPES: its fields are kept as sent (echoed), never read."""
 
@@ -141,7 +149,7 @@ class CodeInterpreterTool(Strict):
 
 
 Tool = Annotated[
-    FunctionTool | CustomTool | NamespaceTool | McpTool | CodeInterpreterTool | UnofferedTool,
+    FunctionTool | CustomTool | NamespaceTool | ClientTool | McpTool | CodeInterpreterTool | UnofferedTool,
     Field(discriminator="type"),
 ]
 
@@ -151,8 +159,8 @@ _ECHO_IF_SET = ("defer_loading", "output_schema", "allowed_callers")
 
 def echoed_tool(tool: BaseModel) -> dict[str, Any]:
     """A tool as the Response echoes it: as sent, less MCP secrets (headers, authorization)."""
-    if isinstance(tool, UnofferedTool):
-        return tool.model_dump()
+    if isinstance(tool, UnofferedTool | ClientTool):
+        return tool.model_dump(exclude_unset=True)
     dumped = tool.model_dump(exclude_none=False, exclude={"headers", "authorization"})
     if isinstance(tool, NamespaceTool):
         dumped["tools"] = [echoed_tool(inner) for inner in tool.tools]
@@ -164,14 +172,16 @@ def _unset_hints_dropped(dumped: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_tools(tools: list[Any]) -> list[dict[str, Any]]:
-    """The tools the model is offered: a namespace's functions as plain functions; tools this server does not
-    run left out."""
+    """The tools the model is offered: a namespace's functions as plain functions, client tools with their own
+    items as functions (client_tools); tools this server does not run left out."""
     out: list[dict[str, Any]] = []
     for tool in tools:
         if isinstance(tool, UnofferedTool):
             continue
         if isinstance(tool, NamespaceTool):
             out += [_unset_hints_dropped(inner.model_dump()) for inner in tool.tools]
+        elif isinstance(tool, ClientTool):
+            out.append(dict(CLIENT_FUNCTIONS[tool.type]))
         else:
             out.append(_unset_hints_dropped(tool.model_dump()))
     return out
@@ -190,6 +200,19 @@ class FunctionToolChoice(Strict):
 class CustomToolChoice(Strict):
     type: Literal["custom"]
     name: str
+
+
+class ClientToolChoice(Strict):
+    """Force a call to the request's `shell` or `apply_patch` tool (OpenAI's ToolChoiceShell/ApplyPatch)."""
+
+    type: Literal["shell", "apply_patch"]
+
+
+def constraint_choice(choice: Any) -> Any:
+    """tool_choice as the constraint reads it: a client tool forced by type is the function it is offered as."""
+    if isinstance(choice, ClientToolChoice):
+        return {"type": "function", "name": choice.type}
+    return choice if isinstance(choice, str) else choice.model_dump()
 
 
 class McpToolChoice(Strict):
@@ -215,5 +238,8 @@ class AllowedToolsChoice(Strict):
 
 ToolChoice = (
     Literal["auto", "none", "required"]
-    | Annotated[FunctionToolChoice | CustomToolChoice | McpToolChoice | AllowedToolsChoice, Field(discriminator="type")]
+    | Annotated[
+        FunctionToolChoice | CustomToolChoice | ClientToolChoice | McpToolChoice | AllowedToolsChoice,
+        Field(discriminator="type"),
+    ]
 )
