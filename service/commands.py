@@ -35,6 +35,7 @@ from service.protocol import (
     normalize_input,
     wants_logprobs,
 )
+from service.protocol.client_tools import as_function_item
 from service.protocol.requests import model_effort, refuse_not_offered
 from service.protocol.tools import McpToolChoice, constraint_choice, model_tools
 from service.run_state import sampling_fact
@@ -403,8 +404,9 @@ def _check_call_ids(history: list[dict[str, Any]], input_items: list[dict[str, A
     """A function_call_output (custom_tool_call_output) must answer a function (custom tool) call of this
     conversation (earlier or in the input)."""
     calls, outputs = ("function_call", "custom_tool_call"), ("function_call_output", "custom_tool_call_output")
-    known = {item.get("call_id") for item in history if item.get("type") in calls}
-    for index, item in enumerate(input_items):
+    # A client tool's call or output (shell_call, ...) is checked as the function call or output it reads as.
+    known = {item.get("call_id") for item in map(as_function_item, history) if item.get("type") in calls}
+    for index, item in enumerate(map(as_function_item, input_items)):
         if item.get("type") in calls:
             known.add(item.get("call_id"))
         elif item.get("type") in outputs and item.get("call_id") not in known:

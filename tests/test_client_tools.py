@@ -218,3 +218,9 @@ def test_a_chat_template_model_calls_client_tools_as_functions(
     call = _the_call(response, "shell_call")
     output = {"type": "shell_call_output", "call_id": call["call_id"], "output": SHELL_OUTPUT}
     _continue(client, response, output, tools)
+
+
+def test_an_output_for_an_unknown_call_is_a_400_naming_it(server: ServerProcess) -> None:
+    output = {"type": "shell_call_output", "call_id": "call_nowhere", "output": SHELL_OUTPUT}
+    reply = httpx.post(f"{server.url}/v1/responses", json={"input": [output], "tools": [{"type": "shell"}]}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input[0].call_id", reply.text
