@@ -224,3 +224,12 @@ def test_an_output_for_an_unknown_call_is_a_400_naming_it(server: ServerProcess)
     output = {"type": "shell_call_output", "call_id": "call_nowhere", "output": SHELL_OUTPUT}
     reply = httpx.post(f"{server.url}/v1/responses", json={"input": [output], "tools": [{"type": "shell"}]}, timeout=60)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "input[0].call_id", reply.text
+
+
+def test_a_shell_in_a_hosted_container_is_a_400(server: ServerProcess) -> None:
+    """Accepting it would silently hand the client calls it expects the server to run."""
+    tools = [{"type": "shell", "environment": {"type": "container_auto"}}]
+    reply = httpx.post(f"{server.url}/v1/responses", json={"input": "hi", "tools": tools}, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"].startswith("tools[0]") and "hosted container" in error["message"], error

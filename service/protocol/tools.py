@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.protocol.base import Strict
 from service.protocol.client_tools import CLIENT_FUNCTIONS
@@ -105,6 +105,18 @@ class ClientTool(BaseModel):
 
     type: Literal["shell", "local_shell", "apply_patch"]
     allowed_callers: Callers | None = None
+
+    @model_validator(mode="after")
+    def _run_by_the_client(self) -> ClientTool:
+        # A shell in an OpenAI-hosted container would come back as calls the client never meant to run.
+        environment = getattr(self, "environment", None)
+        kind = environment.get("type") if isinstance(environment, dict) else None
+        if kind in ("container_auto", "container_reference"):
+            raise ValueError(
+                f"A shell in a hosted container (environment type '{kind}') is not run by this server; "
+                "use a 'local' environment (the client runs the commands)."
+            )
+        return self
 
 
 class UnofferedTool(BaseModel):
