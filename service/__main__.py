@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     inspect = commands.add_parser("inspect", help="print a response and its events as JSON")
     inspect.add_argument("response_id")
 
+    from service.webhooks.cli import add_webhook_commands
+
+    add_webhook_commands(commands)
+
     from service.engine.cli import add_model_commands
 
     add_model_commands(commands)
@@ -98,6 +102,11 @@ def _run(args: argparse.Namespace) -> int:
 
         _require_migrated(settings.database_url)
         return run_keys_command(settings.database_url, args)
+    if args.command == "webhooks":
+        from service.webhooks.cli import run_webhooks_command
+
+        _require_migrated(settings.database_url)
+        return run_webhooks_command(settings, args)
     if args.command == "migrate":
         from service.store.db import migrate_sync
 

@@ -39,6 +39,7 @@ from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
 from service.tools import report_sandbox
 from service.tools.mcp import McpAddressPolicy
+from service.webhooks.delivery import DeliveryWorker
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,12 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
             ),
             name="retention-sweeper",
         )
+        webhooks = DeliveryWorker(settings, settings.worker_id)  # its own task and engine: never slows commits
+        webhooks.start()
         try:
             yield
         finally:
+            await webhooks.stop()
             # Awaited before the engine is disposed: a sweep cut off mid-query must finish unwinding on a
             # live connection pool, or its task waits forever on a driver thread that is gone.
             sweeper.cancel()

