@@ -233,3 +233,82 @@ def test_a_shell_in_a_hosted_container_is_a_400(server: ServerProcess) -> None:
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"].startswith("tools[0]") and "hosted container" in error["message"], error
+
+
+# The stream builder alone (pure): the items and events a client tool's call gives, whole and cut short.
+
+
+def _builder_events(tools: list[dict[str, Any]], name: str, arguments: list[str], ending: str) -> list[dict[str, Any]]:
+    from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
+    from service.protocol import initial_response, parse_create_request
+    from service.stream_builder import StreamBuilder
+
+    request = parse_create_request({"input": "hi", "tools": tools})
+    builder = StreamBuilder(
+        initial_response(request, response_id="resp_t", model="m", created_at=1, max_output_tokens=9)
+    )
+    events = builder.created() + builder.in_progress()
+    events += builder.feed([ItemStarted("function_call", name=name), *map(ItemDelta, arguments)])
+    if ending == "stop":
+        events += builder.feed([ItemEnded()])
+    events += builder.finish(ending, input_tokens=1, output_tokens=2, completed_at=2)  # type: ignore[arg-type]
+    for event in events:
+        OPENAI_EVENT.validate_json(json.dumps(event), strict=True)
+    return events
+
+
+@pytest.mark.parametrize(
+    ("tool", "name", "arguments", "kind", "fields"),
+    [
+        (
+            {"type": "shell"},
+            "shell",
+            ['{"commands": ["ls",', ' "pwd"], "timeout_ms": 5}'],
+            "shell_call",
+            {"action": {"commands": ["ls", "pwd"], "timeout_ms": 5}},
+        ),
+        (
+            {"type": "local_shell"},
+            "local_shell",
+            ['{"command": ["ls"], "working_directory": "/tmp"}'],
+            "local_shell_call",
+            {"action": {"type": "exec", "command": ["ls"], "env": {}, "working_directory": "/tmp"}},
+        ),
+        (
+            {"type": "apply_patch"},
+            "apply_patch",
+            ['{"type": "delete_file", "path": "a.txt"}'],
+            "apply_patch_call",
+            {"operation": {"type": "delete_file", "path": "a.txt"}},
+        ),
+    ],
+)
+def test_the_builder_makes_the_sdk_item(
+    tool: dict[str, Any], name: str, arguments: list[str], kind: str, fields: dict[str, Any]
+) -> None:
+    events = _builder_events([tool], name, arguments, "stop")
+    types = [e["type"] for e in events]
+    assert types == ["response.created", "response.in_progress"] + [
+        "response.output_item.added",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    done = events[3]["item"]
+    assert done["type"] == kind and done["status"] == "completed" and {k: done[k] for k in fields} == fields
+    assert events[-1]["response"]["output"] == [done]
+    assert _builder_events([tool], name, arguments, "stop") == events  # deterministic
+
+
+def test_a_call_cut_short_is_an_incomplete_item() -> None:
+    events = _builder_events([{"type": "shell"}], "shell", ['{"commands": ["l'], "length")
+    item = events[-1]["response"]["output"][0]
+    assert item == {**item, "type": "shell_call", "status": "incomplete", "action": {"commands": []}}
+    patch = _builder_events([{"type": "apply_patch"}], "apply_patch", ['{"type'], "length")
+    assert patch[-1]["response"]["output"][0]["status"] == "in_progress"  # the SDK's apply_patch_call has no incomplete
+
+
+def test_a_function_named_like_a_client_tool_without_that_tool_is_a_function_call() -> None:
+    function = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}
+    events = _builder_events([function], "shell", ["{}"], "stop")
+    item = events[-1]["response"]["output"][0]
+    assert item["type"] == "function_call" and item["name"] == "shell" and "namespace" not in item
