@@ -16,6 +16,7 @@ from openai import OpenAI
 from service.webhooks import signing
 from tests.api_helpers import client_for, sql_rows, wait_until_terminal
 from tests.cli_helpers import assert_one_line_error, run_cli
+from tests.conftest import free_port
 from tests.webhook_receiver import Receiver
 
 # A short schedule: look every 0.1 s, first retry after ~0.3 s, each POST at most 2 s.
@@ -123,3 +124,122 @@ def test_private_url_refused_at_add(database_url: str, server_factory: Any) -> N
         SERVICE_WEBHOOK_ALLOWED_HOSTS="127.0.0.1",
     )  # fmt: skip
     assert_one_line_error(bad_event, "response.done")
+
+
+def test_kill_between_commit_and_delivery(database_url: str, server_factory: Any) -> None:
+    """The receiver is down when the response ends and the server is killed; after the restart the outbox row,
+    committed with the terminal event, is delivered with its id."""
+    port = free_port()
+    server = server_factory(database_url, **FAST).start()
+    _endpoint, secret = add_endpoint(database_url, f"http://127.0.0.1:{port}/hook")
+    client = client_for(server.url)
+    rid = background(client)
+    wait_until_terminal(client, rid)
+    server.kill()
+    [(webhook_id, status)] = sql_rows(database_url, "SELECT id, status FROM webhook_deliveries")
+    assert status == "pending"
+    receiver = Receiver().start(port)
+    try:
+        server_factory(database_url, **FAST).start()
+        got = receiver.wait_for(lambda rs: any(r.status == 200 for r in rs))
+        assert {r.webhook_id for r in got} == {webhook_id}
+        OpenAI(api_key="x").webhooks.unwrap(got[0].body, got[0].headers, secret=secret)
+        assert json.loads(got[0].body)["data"]["id"] == rid
+        wait_for_rows(database_url, "SELECT status FROM webhook_deliveries", [("delivered",)])
+    finally:
+        receiver.stop()
+
+
+def test_kill_between_post_and_recording(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+    """The server dies while its POST is in flight: the row stays pending, and once its lease expires the
+    restarted server sends it again with the same webhook-id (at least once)."""
+    receiver.behave = lambda _id, nth: (200, 1.5 if nth == 1 else 0.0)
+    server = server_factory(database_url, **FAST).start()
+    add_endpoint(database_url, receiver.url)
+    client = client_for(server.url)
+    rid = background(client)
+    wait_until_terminal(client, rid)
+    receiver.wait_for(lambda rs: len(rs) >= 1)
+    server.kill()  # the receiver is still sleeping on the first POST
+    assert sql_rows(database_url, "SELECT status, attempts FROM webhook_deliveries") == [("pending", 1)]
+    server_factory(database_url, **FAST).start()
+    got = receiver.wait_for(lambda rs: len(rs) >= 2 and rs[1].status == 200)
+    assert len({r.webhook_id for r in got}) == 1
+    wait_for_rows(database_url, "SELECT status, attempts FROM webhook_deliveries", [("delivered", 2)])
+    # The killed attempt was never recorded; the one after the restart was.
+    assert sql_rows(database_url, "SELECT attempt, status_code FROM webhook_attempts") == [(2, 200)]
+
+
+def test_deleting_a_response_drops_its_undelivered_rows(database_url: str, server_factory: Any) -> None:
+    server = server_factory(database_url, **FAST).start()
+    add_endpoint(database_url, f"http://127.0.0.1:{free_port()}/hook")  # nobody listens: stays pending
+    client = client_for(server.url)
+    rid = background(client)
+    wait_until_terminal(client, rid)
+    assert sql_rows(database_url, "SELECT status FROM webhook_deliveries WHERE response_id = :r", r=rid) == [
+        ("pending",)
+    ]
+    client.responses.delete(rid)
+    assert sql_rows(database_url, "SELECT count(*) FROM webhook_deliveries WHERE response_id = :r", r=rid) == [(0,)]
+
+
+def test_two_replicas_never_deliver_one_row_at_once(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+    if database_url.startswith("sqlite"):
+        pytest.skip("replicas share a PostgreSQL database")
+    # Slow, failing twice: every row is claimed several times, by either replica.
+    receiver.behave = lambda _id, nth: (503 if nth <= 2 else 200, 0.3)
+    a = server_factory(database_url, **FAST).start()
+    b = server_factory(database_url, **FAST).start()
+    add_endpoint(database_url, receiver.url)
+    ids = [background(client_for(server.url), f"r{i}") for i, server in enumerate([a, b] * 3)]
+    for rid in ids:
+        wait_until_terminal(client_for(a.url), rid)
+    got = receiver.wait_for(lambda rs: sum(r.status == 200 for r in rs) >= len(ids), timeout=90)
+    by_id: dict[str, list[tuple[float, float]]] = {}
+    for r in got:
+        by_id.setdefault(r.webhook_id, []).append((r.started, r.ended))
+    assert len(by_id) == len(ids)
+    for spans in by_id.values():
+        spans.sort()
+        assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)), spans
+    workers = sql_rows(database_url, "SELECT DISTINCT worker FROM webhook_attempts")
+    assert len(workers) == 2  # both replicas delivered
+    wait_for_rows(database_url, "SELECT DISTINCT status FROM webhook_deliveries", [("delivered",)])
+
+
+def test_hanging_receiver_does_not_slow_generation(
+    database_url: str, server_factory: Any, receiver: Receiver
+) -> None:
+    server = server_factory(database_url, **FAST, SERVICE_WEBHOOK_CONCURRENCY_PER_ENDPOINT="2").start()
+    client = client_for(server.url)
+
+    def streamed_seconds() -> float:
+        started = time.monotonic()
+        with client.responses.create(input="measure me", max_output_tokens=64, stream=True) as stream:
+            for _event in stream:
+                pass
+        return time.monotonic() - started
+
+    streamed_seconds()  # warm
+    baseline = min(streamed_seconds() for _ in range(2))
+    receiver.behave = lambda _id, _nth: (200, 30.0)  # hangs past the 2 s timeout, every time
+    add_endpoint(database_url, receiver.url)
+    for rid in [background(client, f"h{i}") for i in range(6)]:
+        wait_until_terminal(client, rid)
+    receiver.wait_for(lambda rs: len(rs) >= 2)
+    loaded = max(streamed_seconds() for _ in range(2))
+    hanging = [r for r in receiver.received if r.ended == 0.0]
+    assert hanging, "the receiver should still hold requests while the stream ran"
+    assert loaded < 3 * baseline + 1.0, (baseline, loaded)
+    # Bounded concurrency per endpoint: at most 2 POSTs in flight from this server at any moment.
+    with receiver.lock:
+        spans = [(r.started, r.ended or time.time()) for r in receiver.received]
+    assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) <= 2
+    print(f"stream of 64 tokens: {baseline:.3f}s alone, {loaded:.3f}s beside a hanging receiver")
+
+
+def wait_for_rows(database_url: str, statement: str, expected: list[tuple[Any, ...]], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while (rows := sql_rows(database_url, statement)) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rows == expected
