@@ -5,10 +5,12 @@ receiver beside generation, and the URL policy at `add`."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -43,6 +45,10 @@ def add_endpoint(database_url: str, url: str, *args: str, **env: str) -> tuple[s
     lines = result.stdout.strip().splitlines()
     endpoint_id = lines[0].split()[3]
     return endpoint_id, lines[-1]
+
+
+def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, SERVICE_DATABASE_URL=database_url, SERVICE_WEBHOOK_ALLOWED_HOSTS="127.0.0.1")
 
 
 def background(client: OpenAI, text: str = "hello", tokens: int = 8) -> str:
@@ -243,3 +249,34 @@ def wait_for_rows(database_url: str, statement: str, expected: list[tuple[Any, .
     while (rows := sql_rows(database_url, statement)) != expected and time.monotonic() < deadline:
         time.sleep(0.1)
     assert rows == expected
+
+
+def test_gives_up_after_the_window_and_cli_views(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+    """A receiver that always fails: the row is `failed` once the retry window has passed, visibly (CLI, metric).
+    An `--all-responses` endpoint hears foreground responses too; `test` sends a signed sample; `remove` goes."""
+    receiver.behave = lambda _id, _nth: (500, 0.0)
+    env = {**FAST, "SERVICE_WEBHOOK_RETRY_WINDOW_SECONDS": "1.5"}
+    server = server_factory(database_url, **env).start()
+    endpoint_id, secret = add_endpoint(database_url, receiver.url, "--all-responses", "--events", "response.incomplete")
+    client = client_for(server.url)
+    rid = client.responses.create(input="foreground", max_output_tokens=4).id  # heard: --all-responses
+    wait_for_rows(database_url, "SELECT response_id, status FROM webhook_deliveries", [(rid, "failed")])
+    [(attempts, error)] = sql_rows(database_url, "SELECT attempts, last_error FROM webhook_deliveries")
+    assert attempts >= 2 and error == "HTTP 500"
+    assert sql_rows(database_url, "SELECT count(*) FROM webhook_attempts") == [(attempts,)]
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'service_webhook_deliveries_total{outcome="failed"} 1.0' in metrics
+    failed = cli(database_url, "webhooks", "deliveries", "--status", "failed")
+    assert rid in failed.stdout and "HTTP 500" in failed.stdout
+    listed = cli(database_url, "webhooks", "list")
+    assert endpoint_id in listed.stdout and " 1 " in listed.stdout.splitlines()[1]
+    receiver.behave = lambda _id, _nth: (204, 0.0)
+    before = len(receiver.received)
+    tested = cli(database_url, "webhooks", "test", endpoint_id)
+    assert tested.returncode == 0 and "HTTP 204" in tested.stdout, tested.stdout + tested.stderr
+    sample = receiver.received[before]
+    assert OpenAI(api_key="x").webhooks.unwrap(sample.body, sample.headers, secret=secret).type == "response.completed"
+    removed = cli(database_url, "webhooks", "remove", endpoint_id)
+    assert removed.returncode == 0, removed.stderr
+    assert sql_rows(database_url, "SELECT count(*) FROM webhook_endpoints") == [(0,)]
+    assert_one_line_error(cli(database_url, "webhooks", "remove", endpoint_id), endpoint_id)

@@ -100,6 +100,20 @@ async def claim(
     return [Claimed(str(i), str(e), str(p), int(a), float(c)) for i, e, p, a, c in rows]
 
 
+async def any_due(connection: AsyncConnection) -> bool:
+    now = time.time()
+    query = (
+        sa.select(webhook_deliveries.c.id)
+        .where(
+            webhook_deliveries.c.status == PENDING,
+            webhook_deliveries.c.next_attempt_at <= now,
+            sa.or_(webhook_deliveries.c.owner.is_(None), webhook_deliveries.c.lease_expires_at < now),
+        )
+        .limit(1)
+    )
+    return (await connection.scalar(query)) is not None
+
+
 async def backlog_age(connection: AsyncConnection) -> float:
     oldest = await connection.scalar(
         sa.select(sa.func.min(webhook_deliveries.c.created_at)).where(webhook_deliveries.c.status == PENDING)
@@ -163,13 +177,16 @@ class DeliveryWorker:
         assert self.db is not None
         per_endpoint = self.settings.webhook_concurrency_per_endpoint
         free = {endpoint: per_endpoint - busy for endpoint, busy in self.in_flight.items()}
-        async with self.db.begin() as connection:
-            claimed = await claim(
-                connection, self.owner, lease=self.lease, free=free, default_free=per_endpoint, limit=CLAIM_BATCH
-            )
+        # Read first: on SQLite a write transaction takes the database's write lock, which the group commit
+        # would wait for; an idle poll should cost generation nothing.
         async with self.db.connect() as connection:
             WEBHOOK_BACKLOG_AGE.set(await backlog_age(connection))
-        return claimed
+            if not await any_due(connection):
+                return []
+        async with self.db.begin() as connection:
+            return await claim(
+                connection, self.owner, lease=self.lease, free=free, default_free=per_endpoint, limit=CLAIM_BATCH
+            )
 
     async def _deliver(self, row: Claimed) -> None:
         try:

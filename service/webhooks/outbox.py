@@ -51,20 +51,27 @@ async def enqueue_terminal(connection: AsyncConnection, response_id: str, events
     event_type = webhook_type(events)
     if event_type is None:
         return 0
-    run = (
-        await connection.execute(sa.select(runs.c.background, runs.c.project).where(runs.c.response_id == response_id))
-    ).first()
-    if run is None:
-        return 0
-    background, project = bool(run[0]), str(run[1])
-    query = sa.select(webhook_endpoints.c.id, webhook_endpoints.c.event_types).where(
-        webhook_endpoints.c.project == project
+    # One round trip (this runs inside the group commit): the run's endpoints, none when its project has none.
+    query = (
+        sa.select(
+            webhook_endpoints.c.id,
+            webhook_endpoints.c.event_types,
+            webhook_endpoints.c.all_responses,
+            runs.c.background,
+            runs.c.project,
+        )
+        .join(webhook_endpoints, webhook_endpoints.c.project == runs.c.project)
+        .where(runs.c.response_id == response_id)
     )
-    if not background:
-        query = query.where(webhook_endpoints.c.all_responses.is_(True))
-    targets = [str(eid) for eid, types in await connection.execute(query) if event_type in json.loads(str(types))]
+    rows = list(await connection.execute(query))
+    targets = [
+        str(endpoint_id)
+        for endpoint_id, types, all_responses, background, _project in rows
+        if (background or all_responses) and event_type in json.loads(str(types))
+    ]
     if not targets:
         return 0
+    project = str(rows[0][4])
     now = time.time()
     event_id = "evt_" + secrets.token_hex(16)
     body = payload(event_id, event_type, response_id, int(now))
