@@ -280,3 +280,15 @@ def test_gives_up_after_the_window_and_cli_views(database_url: str, server_facto
     assert removed.returncode == 0, removed.stderr
     assert sql_rows(database_url, "SELECT count(*) FROM webhook_endpoints") == [(0,)]
     assert_one_line_error(cli(database_url, "webhooks", "remove", endpoint_id), endpoint_id)
+
+
+def test_retention_drops_undelivered_rows_with_their_response(database_url: str, server_factory: Any) -> None:
+    server = server_factory(
+        database_url, **FAST, SERVICE_RETENTION_DAYS="0.00003", SERVICE_RETENTION_SWEEP_SECONDS="0.5"
+    ).start()  # responses expire ~2.6 s after creation
+    add_endpoint(database_url, f"http://127.0.0.1:{free_port()}/hook")  # nobody listens: stays pending
+    client = client_for(server.url)
+    rid = background(client)
+    wait_for_rows(database_url, "SELECT response_id, status FROM webhook_deliveries", [(rid, "pending")], timeout=60)
+    wait_for_rows(database_url, "SELECT count(*) FROM webhook_deliveries", [(0,)])
+    assert sql_rows(database_url, "SELECT count(*) FROM responses WHERE id = :r", r=rid) == [(0,)]
