@@ -5,6 +5,7 @@ receiver beside generation, and the URL policy at `add`."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from service.webhooks import signing
+from service.webhooks import delivery, outbox, signing
 from tests.api_helpers import client_for, sql_rows, wait_until_terminal
 from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.conftest import free_port
@@ -292,3 +293,18 @@ def test_retention_drops_undelivered_rows_with_their_response(database_url: str,
     wait_for_rows(database_url, "SELECT response_id, status FROM webhook_deliveries", [(rid, "pending")], timeout=60)
     wait_for_rows(database_url, "SELECT count(*) FROM webhook_deliveries", [(0,)])
     assert sql_rows(database_url, "SELECT count(*) FROM responses WHERE id = :r", r=rid) == [(0,)]
+
+
+def test_webhook_type_and_backoff() -> None:
+    def terminal(kind: str, status: str) -> list[dict[str, Any]]:
+        return [{"type": "response.output_text.delta"}, {"type": kind, "response": {"status": status}}]
+
+    assert outbox.webhook_type(terminal("response.completed", "completed")) == "response.completed"
+    assert outbox.webhook_type(terminal("response.incomplete", "cancelled")) == "response.cancelled"
+    assert outbox.webhook_type(terminal("response.incomplete", "incomplete")) == "response.incomplete"
+    assert outbox.webhook_type(terminal("response.failed", "failed")) == "response.failed"
+    assert outbox.webhook_type([{"type": "response.output_text.delta"}]) is None
+    rng = random.Random(1)
+    delays = [delivery.backoff(n, 2.0, rng) for n in range(1, 6)]
+    assert all(2.0 * 2 ** (n - 1) * 0.5 <= d <= 2.0 * 2 ** (n - 1) for n, d in zip(range(1, 6), delays, strict=True))
+    assert delivery.lease_seconds(10) > 10  # a POST ends before its row may be claimed again

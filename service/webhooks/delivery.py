@@ -203,18 +203,19 @@ class DeliveryWorker:
 
     async def _post(self, row: Claimed) -> tuple[int | None, str | None, float]:
         assert self.db is not None and self.client is not None and self.box is not None
-        async with self.db.connect() as connection:
-            endpoint, sealed = await endpoints.get(connection, row.endpoint_id)
-        secret = self.box.open(endpoint.id, sealed)
         body = row.payload.encode()
         timeout = self.settings.webhook_timeout_seconds
         started = time.perf_counter()
         status_code: int | None = None
         error: str | None = None
         try:
-            # Checked again at every attempt: the name may resolve elsewhere than it did at `add`.
-            await asyncio.to_thread(endpoints.check_url, endpoint.url, self.settings.webhook_hosts())
-            async with asyncio.timeout(timeout):  # the whole exchange, not each read
+            # A removed endpoint or a secret that no longer opens is an attempt's error, recorded like any other.
+            async with self.db.connect() as connection:
+                endpoint, sealed = await endpoints.get(connection, row.endpoint_id)
+            secret = self.box.open(endpoint.id, sealed)
+            async with asyncio.timeout(timeout):  # the whole exchange (name lookup included), not each read
+                # Checked again at every attempt: the name may resolve elsewhere than it did at `add`.
+                await asyncio.to_thread(endpoints.check_url, endpoint.url, self.settings.webhook_hosts())
                 answer = await self.client.post(
                     endpoint.url, content=body, headers=signing.headers(secret, row.id, body), timeout=timeout
                 )
