@@ -308,3 +308,19 @@ def test_webhook_type_and_backoff() -> None:
     delays = [delivery.backoff(n, 2.0, rng) for n in range(1, 6)]
     assert all(2.0 * 2 ** (n - 1) * 0.5 <= d <= 2.0 * 2 ** (n - 1) for n, d in zip(range(1, 6), delays, strict=True))
     assert delivery.lease_seconds(10) > 10  # a POST ends before its row may be claimed again
+
+
+def test_an_endpoint_hears_only_its_project(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+    server = server_factory(database_url, **FAST, SERVICE_API_KEY="sesame").start()  # `default`'s key
+    created = run_cli("keys", "create", "r", "--project", "research", SERVICE_DATABASE_URL=database_url)
+    research_key = created.stdout.strip().splitlines()[-1]
+    add_endpoint(database_url, receiver.url, "--project", "research")
+    research = OpenAI(base_url=server.url + "/v1", api_key=research_key, max_retries=0)
+    default = OpenAI(base_url=server.url + "/v1", api_key="sesame", max_retries=0)
+    theirs, ours = background(default, "default's"), background(research, "research's")
+    wait_until_terminal(default, theirs)
+    wait_until_terminal(research, ours)
+    got = receiver.wait_for(lambda rs: len(rs) >= 1)
+    time.sleep(0.5)
+    assert [json.loads(r.body)["data"]["id"] for r in got] == [ours]
+    assert sql_rows(database_url, "SELECT response_id, project FROM webhook_deliveries") == [(ours, "research")]
