@@ -260,7 +260,8 @@ class DeliveryWorker:
                 .values(owner=None, lease_expires_at=None, **values)
             )
         WEBHOOK_DELIVERIES.labels(outcome=outcome).inc()
-        log.info(
+        log.log(
+            logging.WARNING if outcome == FAILED else logging.INFO,  # giving up is something to see
             "webhook %s attempt %d to %s: %s",
             row.id,
             row.attempt,
