@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 16  # responses queued or running on one connection, as OpenAI allows
 POLICY_VIOLATION = 1008  # close code after an error event refusing the connection
-SERVICE_RESTART = 1012  # the server is draining: clients reconnect (the SDK retries this code)
+CLOSE_RESTARTING = 1012  # the server is draining: clients reconnect (the SDK retries this code)
 _ENVELOPE = ("type", "stream_id", "generate")  # WebSocket-only fields, not part of the create body
 _BODY_HEADERS = (b"content-type", b"content-length", b"content-encoding")  # the upgrade's, not the event's
 
@@ -268,7 +268,7 @@ class _Connection:
                 await self._send_frames(frames)
                 finished = batch[-1].type in TERMINAL_EVENT_TYPES
             if not finished and state.draining.is_set():
-                await self._close(SERVICE_RESTART, "The server is restarting; reconnect and retrieve the response.")
+                await self._close(CLOSE_RESTARTING, "The server is restarting; reconnect and retrieve the response.")
         except StoreUnavailable as exc:
             await self._send(error_event(exc, stream_id=stream_id))
         finally:
