@@ -4,22 +4,28 @@ receiver beside generation, and the URL policy at `add`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 import pytest
 from openai import OpenAI
 
+from service.config import Settings
+from service.tools.mcp import McpUrlRefused
 from service.webhooks import delivery, outbox, signing
 from tests.api_helpers import client_for, sql_rows, wait_until_terminal
 from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.conftest import free_port
+from tests.test_mcp_policy import listener  # noqa: F401 (fixture)
 from tests.webhook_receiver import Receiver
 
 # A short schedule: look every 0.1 s, first retry after ~0.3 s, each POST at most 2 s.
@@ -324,3 +330,37 @@ def test_an_endpoint_hears_only_its_project(database_url: str, server_factory: A
     time.sleep(0.5)
     assert [json.loads(r.body)["data"]["id"] for r in got] == [ours]
     assert sql_rows(database_url, "SELECT response_id, project FROM webhook_deliveries") == [(ours, "research")]
+
+
+async def test_a_name_rebound_to_loopback_is_refused_at_connect(
+    listener: tuple[int, list[int]],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deliveries connect through the MCP client's guarded backend: a name that passed the URL check as a public
+    address and resolves to loopback when connecting is refused there, and so is loopback by name; nothing is
+    contacted until the allow list names the host."""
+    port, accepted = listener
+    real = socket.getaddrinfo
+
+    def rebound(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "rebind.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebound)
+    async with delivery.guarded_http_client(delivery.address_policy(Settings()), timeout=5) as client:
+        with pytest.raises(McpUrlRefused):
+            await client.post(f"http://rebind.test:{port}/hook", content=b"{}")
+    assert accepted == []
+    async with delivery.guarded_http_client(delivery.address_policy(Settings()), timeout=5) as client:
+        with pytest.raises(McpUrlRefused):
+            await client.post(f"http://localhost:{port}/hook", content=b"{}")
+    assert accepted == []
+    allowed = Settings(webhook_allowed_hosts="localhost")
+    async with delivery.guarded_http_client(delivery.address_policy(allowed), timeout=5) as client:
+        with pytest.raises(httpx2.HTTPError):  # the listener closes at once: reached, no HTTP answer
+            await client.post(f"http://localhost:{port}/hook", content=b"{}")
+    deadline = time.monotonic() + 5
+    while not accepted and time.monotonic() < deadline:  # the listener's thread counts it
+        await asyncio.sleep(0.05)
+    assert accepted == [1]

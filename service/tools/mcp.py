@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from service.tools import secrets
 
 if TYPE_CHECKING:  # the SDK is imported when a session opens: it costs about a second at start-up
+    import httpx2
     from mcp import Client
     from mcp_types import CallToolResult, RequestParamsMeta
 
@@ -250,6 +251,26 @@ class _GuardedBackend:
         await self.inner.sleep(seconds)
 
 
+def guarded_http_client(
+    policy: McpAddressPolicy, *, timeout: float, headers: Mapping[str, str] | None = None
+) -> httpx2.AsyncClient:
+    """An HTTP client whose every connection goes through `policy` at connect time (`_GuardedBackend`): MCP
+    sessions and webhook deliveries alike. No redirects are followed (a redirect is a new, unchecked URL)."""
+    import httpcore2
+    import httpx2
+
+    # trust_env=False: an HTTP(S)_PROXY of the environment would connect for us, past the address checks.
+    transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    pool = transport._pool  # noqa: SLF001 (httpx2 takes no network backend; the same pool, guarded)
+    transport._pool = httpcore2.AsyncConnectionPool(  # noqa: SLF001
+        ssl_context=pool._ssl_context,  # noqa: SLF001
+        network_backend=cast("httpcore2.AsyncNetworkBackend", _GuardedBackend(policy)),
+    )
+    return httpx2.AsyncClient(
+        headers=dict(headers or {}), timeout=timeout, transport=transport, trust_env=False, follow_redirects=False
+    )
+
+
 @dataclass
 class _HeldSession:
     """A live MCP client session, held open by its own task (anyio scopes must exit in the task that
@@ -283,21 +304,10 @@ class McpConnector:
         self._sessions: dict[tuple[str, tuple[tuple[str, str], ...]], _HeldSession] = {}
 
     def _client(self, url: str, headers: Mapping[str, str]) -> Client:
-        import httpcore2
-        import httpx2
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
-        # trust_env=False: an HTTP(S)_PROXY of the environment would connect for us, past the address checks.
-        transport = httpx2.AsyncHTTPTransport(trust_env=False)
-        pool = transport._pool  # noqa: SLF001 (httpx2 takes no network backend; the same pool, guarded)
-        transport._pool = httpcore2.AsyncConnectionPool(  # noqa: SLF001
-            ssl_context=pool._ssl_context,  # noqa: SLF001
-            network_backend=cast("httpcore2.AsyncNetworkBackend", _GuardedBackend(self.policy)),
-        )
-        http = httpx2.AsyncClient(
-            headers=dict(headers), timeout=self.timeout_seconds, transport=transport, trust_env=False
-        )
+        http = guarded_http_client(self.policy, timeout=self.timeout_seconds, headers=headers)
         return Client(streamable_http_client(url, http_client=http), read_timeout_seconds=self.timeout_seconds)
 
     async def _hold(self, held: _HeldSession, url: str, headers: Mapping[str, str]) -> None:

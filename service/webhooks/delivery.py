@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-import httpx
+import httpx2
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -30,6 +30,7 @@ from service.config import Settings
 from service.observability import WEBHOOK_ATTEMPT_SECONDS, WEBHOOK_BACKLOG_AGE, WEBHOOK_DELIVERIES
 from service.store.db import create_engine
 from service.store.faults import is_transient
+from service.tools.mcp import McpAddressPolicy, McpUrlRefused, guarded_http_client
 from service.webhooks import endpoints, signing
 from service.webhooks.tables import DELIVERED, FAILED, PENDING, webhook_attempts, webhook_deliveries
 
@@ -121,6 +122,16 @@ async def backlog_age(connection: AsyncConnection) -> float:
     return 0.0 if oldest is None else max(0.0, time.time() - float(oldest))
 
 
+async def _always() -> bool:
+    return True
+
+
+def address_policy(settings: Settings) -> McpAddressPolicy:
+    """The MCP URL policy with private targets always refused (unless SERVICE_WEBHOOK_ALLOWED_HOSTS names the
+    host), applied again at connect time to the addresses the name resolves to: no DNS rebinding."""
+    return McpAddressPolicy(allowed_hosts=tuple(settings.webhook_hosts()), keys_configured=_always)
+
+
 class DeliveryWorker:
     """Claims due rows every `webhook_poll_seconds` and POSTs each in its own task."""
 
@@ -131,7 +142,7 @@ class DeliveryWorker:
         self.in_flight: Counter[str] = Counter()  # per endpoint
         self.tasks: set[asyncio.Task[None]] = set()
         self.db: AsyncEngine | None = None
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx2.AsyncClient | None = None
         self.box: endpoints.SecretBox | None = None
         self.loop_task: asyncio.Task[None] | None = None
 
@@ -155,7 +166,7 @@ class DeliveryWorker:
     async def run(self) -> None:
         # Its own engine: its connections and SQLite writer are never the ones generation commits through.
         self.db = create_engine(self.settings.database_url, busy_timeout=min(30.0, self.settings.store_outage_seconds))
-        self.client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+        self.client = guarded_http_client(address_policy(self.settings), timeout=self.settings.webhook_timeout_seconds)
         while True:
             claimed: list[Claimed] = []
             try:
@@ -226,7 +237,9 @@ class DeliveryWorker:
             error = f"timed out after {timeout:g}s"
         except endpoints.EndpointProblem as exc:
             error = str(exc)
-        except httpx.HTTPError as exc:
+        except McpUrlRefused as exc:  # the name resolved to a refused address when connecting
+            error = f"refused: {exc}"[:ERROR_CHARS]
+        except httpx2.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
         return status_code, error, time.perf_counter() - started
 
@@ -281,7 +294,7 @@ async def send_test(settings: Settings, db: AsyncEngine, endpoint_id: str) -> tu
     endpoints.check_url(endpoint.url, settings.webhook_hosts())
     body = payload("evt_test", "response.completed", "resp_test", int(time.time())).encode()
     started = time.perf_counter()
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+    async with guarded_http_client(address_policy(settings), timeout=settings.webhook_timeout_seconds) as client:
         try:
             async with asyncio.timeout(settings.webhook_timeout_seconds):
                 answer = await client.post(
@@ -289,7 +302,9 @@ async def send_test(settings: Settings, db: AsyncEngine, endpoint_id: str) -> tu
                 )
         except TimeoutError:
             return None, "timed out", time.perf_counter() - started
-        except httpx.HTTPError as exc:
+        except McpUrlRefused as exc:
+            return None, f"refused: {exc}", time.perf_counter() - started
+        except httpx2.HTTPError as exc:
             return None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started
     ok = 200 <= answer.status_code < 300
     return answer.status_code, None if ok else f"HTTP {answer.status_code}", time.perf_counter() - started
