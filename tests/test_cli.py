@@ -253,9 +253,11 @@ def test_an_installed_wheel_can_migrate(tmp_path: Path) -> None:
 
 
 def test_the_readme_documents_every_setting() -> None:
+    # The settings table moved from the README to the docs site's configuration page (the test keeps its id).
     from service.config import Settings
 
-    documented = set(re.findall(r"^\| `(SERVICE_[A-Z_]+)` \|", (ROOT / "README.md").read_text(), flags=re.MULTILINE))
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    documented = set(re.findall(r"^\| `(SERVICE_[A-Z_]+)` \|", page, flags=re.MULTILINE))
     assert {f"SERVICE_{name.upper()}" for name in Settings.model_fields} <= documented
     used = set(re.findall(r"SERVICE_[A-Z_]+[A-Z]", "".join(p.read_text() for p in (ROOT / "service").rglob("*.py"))))
     assert used <= documented, used - documented

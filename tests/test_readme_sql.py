@@ -1,5 +1,5 @@
-"""Every SQL query the README documents runs on the database it is written for, against responses
-created through the real server, and answers what its title says."""
+"""Every SQL query the docs' "SQL inspection" section documents (docs/operations.md; it was the README's) runs on
+the database it is written for, against responses created through the real server, and answers what its title says."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ PLACEHOLDER = "'resp_…'"
 
 
 def readme_queries() -> dict[str, dict[str, str]]:
-    """{dialect: {query number: SQL}} from the README's ```sql blocks; a block's first line names its dialect."""
-    blocks = re.findall(r"```sql\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    """{dialect: {query number: SQL}} from the operations page's ```sql blocks; a block's first line: its dialect."""
+    blocks = re.findall(r"```sql\n(.*?)```", (ROOT / "docs" / "operations.md").read_text(), flags=re.DOTALL)
     queries: dict[str, dict[str, str]] = {}
     for block in blocks:
         first, _, body = block.partition("\n")
