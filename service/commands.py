@@ -38,8 +38,8 @@ from service.protocol import (
 from service.protocol.client_tools import as_function_item
 from service.protocol.requests import model_effort, refuse_not_offered
 from service.protocol.tools import McpToolChoice, constraint_choice, model_tools
-from service.run_state import sampling_fact
 from service.runs import RunSupervisor
+from service.runs.state import sampling_fact
 from service.server_items import wants_auto_container
 from service.store import leases, read_models, recorder
 from service.store.schema import DEFAULT_PROJECT

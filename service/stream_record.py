@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput
 from service.protocol import TERMINAL_EVENT_TYPES
-from service.run_state import replay_run
+from service.runs.state import replay_run
 from service.store import event_log
 from service.store.event_log import StoredEvent
 from service.store.schema import events, responses, run_facts, runs

@@ -21,7 +21,7 @@ from service.prompting import harmony_tools
 from service.prompting.base import ChatFormat, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
 from service.prompting.chat_template_server_tools import CODE_TOOL
-from service.run_state import ActiveRun, ToolFact, prompt_request_from_fact
+from service.runs.state import ActiveRun, ToolFact, prompt_request_from_fact
 from service.server_items import container_id
 from service.store.event_log import StoredFact
 from service.store.recorder import RunWrite

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import httpx
 
 from service.prompting.harmony import HarmonyFormat
-from service.run_state import replay_run
+from service.runs.state import replay_run
 from service.store import event_log
 from service.store.db import create_engine
 from service.store.token_facts import merge_token_facts

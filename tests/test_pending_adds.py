@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from service.engine.base import EngineError
-from service.runs import _PendingAdds
+from service.runs.engine_worker import _PendingAdds
 
 
 def test_a_step_takes_the_adds_it_may_serve_in_order_and_the_job_of_their_own_the_rest() -> None:

@@ -21,8 +21,9 @@ from service.notify import Notifier
 from service.projection import project
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import parse_create_request
-from service.run_state import replay_run
-from service.runs import WARM_CHUNK_TOKENS, WARM_EVERY_TOKENS, RunSupervisor
+from service.runs import RunSupervisor
+from service.runs.state import replay_run
+from service.runs.warming import WARM_CHUNK_TOKENS, WARM_EVERY_TOKENS
 from service.store import event_log, recorder
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT

@@ -113,7 +113,7 @@ async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call()
 
     from service.config import Settings
     from service.prompting.harmony import HarmonyFormat
-    from service.run_state import ActiveRun
+    from service.runs.state import ActiveRun
     from service.tool_steps import ToolSteps
     from service.tools import secrets
 
