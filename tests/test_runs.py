@@ -4,8 +4,10 @@ fencing by lease, cancellation within one step."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import statistics
 import time
+import types
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ from service.projection import project
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import parse_create_request
 from service.runs import RunSupervisor
+from service.runs import supervisor as supervisor_module
 from service.runs.state import replay_run
 from service.runs.warming import WARM_CHUNK_TOKENS, WARM_EVERY_TOKENS
 from service.store import event_log, recorder
@@ -538,3 +541,41 @@ async def test_a_run_whose_log_has_a_hole_fails_instead_of_being_claimed_forever
     assert error["code"] == "server_error" and "hole" in error["message"]
     numbers = [e["sequence_number"] for e in await _events(harness, rid)]
     assert numbers[-1] == numbers[-2] + 1 and 4 not in numbers
+
+
+async def test_a_failure_that_cannot_be_recorded_is_logged(harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """A run that could not be started and whose failure cannot be recorded either (here: it has no log) is
+    logged with its id, not swallowed."""
+    with caplog.at_level(logging.ERROR, logger="service.runs"):
+        await harness.supervisor._fail_unstarted("resp_without_a_log", "The run could not be started: boom")
+    assert [r.exc_info is not None for r in caplog.records if "resp_without_a_log" in r.getMessage()] == [True]
+
+
+async def test_a_failed_heartbeat_is_logged_and_the_next_beat_tries_again(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease heartbeat that fails is logged; the heartbeat goes on (readiness stays up) and says when a beat
+    succeeds again."""
+    monkeypatch.setattr(harness.supervisor.settings, "lease_seconds", 0.6)  # a beat every 0.2 s
+    real_fence = supervisor_module.leases.fence
+    beats = 0
+
+    async def failing_twice(*args: Any, **kwargs: Any) -> dict[str, bool]:
+        nonlocal beats
+        beats += 1
+        if beats <= 2:
+            raise RuntimeError("the fence broke")
+        return await real_fence(*args, **kwargs)
+
+    # Only the heartbeat's fence: commits fence through the recorder.
+    monkeypatch.setattr(supervisor_module, "leases", types.SimpleNamespace(fence=failing_twice))
+    with caplog.at_level(logging.INFO, logger="service.runs"):
+        await _start_one_slow_run(harness)
+
+        async def recovered() -> bool:
+            return beats > 3
+
+        await _wait(recovered)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("lease heartbeat failed" in m and "the fence broke" in m for m in messages) == 2
+    assert "lease heartbeat resumed" in messages and harness.supervisor.alive()

@@ -5,7 +5,6 @@ be started is failed right after what its log holds."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -34,6 +33,7 @@ _Logs = dict[str, tuple[list[event_log.StoredFact], list[event_log.StoredEvent]]
 def _payloads(logs: _Logs) -> dict[str, tuple[list[event_log.StoredFact], list[dict[str, Any]]]]:
     """Each run's facts, and its events as the dicts the stream builder replays."""
     return {rid: (facts, [e.payload() for e in stored]) for rid, (facts, stored) in logs.items()}
+
 
 def _after(logged: list[dict[str, Any]]) -> int:
     """The sequence number after a run's logged events (past any hole an older version left)."""
@@ -145,15 +145,22 @@ class Claims(ToolCalls):
             return None
         return run
 
+    async def _run_after_log(self, response_id: str) -> tuple[ActiveRun, list[dict[str, Any]]]:
+        """The run rebuilt to continue right after what its log holds, its tokens not replayed (so it adds no
+        output), and its logged events."""
+        facts, logged = await self._read_log(response_id)
+        fact = next(f.data for f in facts if f.kind == "request")
+        builder = StreamBuilder(fact["response"], next_sequence_number=_after(logged))
+        run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), project(logged), 0)
+        return run, logged
+
     async def _fail_from_log(self, response_id: str, message: str) -> None:
-        """End a run with `response.failed` right after what its log holds."""
+        """End a run with `response.failed` right after what its log holds; from inside a group commit (a write
+        the store refused), so committed on its own rather than queued behind that commit."""
         try:
-            facts, logged = await self._read_log(response_id)
-            fact = next(f.data for f in facts if f.kind == "request")
+            run, logged = await self._run_after_log(response_id)
             if not logged or logged[-1]["type"] in TERMINAL_EVENT_TYPES:
                 return
-            builder = StreamBuilder(fact["response"], next_sequence_number=_after(logged))
-            run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), project(logged), 0)
             write = run.write()
             run.finish(write, "failed", {"code": "server_error", "message": message})
             await self._commit_retrying([write])
@@ -163,10 +170,10 @@ class Claims(ToolCalls):
         await self.notifier.publish([response_id], {response_id: [event_log.live(e) for e in write.encoded_events()]})
 
     async def _fail_unstarted(self, response_id: str, message: str) -> None:
-        with contextlib.suppress(Exception):
-            facts, logged = await self._read_log(response_id)
-            fact = next(f.data for f in facts if f.kind == "request")
-            # Its tokens could not be replayed: end it after what is logged, with no new output.
-            builder = StreamBuilder(fact["response"], next_sequence_number=_after(logged))
-            run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), project(logged), 0)
+        """End a run that could not be started (its tokens could not be replayed, or the engine refused it) with
+        `response.failed` after what its log holds, through the group commit."""
+        try:
+            run, _ = await self._run_after_log(response_id)
             await self._commit_alone(run, "failed", {"code": "server_error", "message": message})
+        except Exception:
+            log.exception("could not record the failure of run %s", response_id)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import logging
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,6 +24,7 @@ from service.notify import Notifier
 from service.runs.state import ActiveRun
 from service.runs.warming import WARM_STEP_TOKENS, Warming
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Engine steps queued ahead of the loop: one computing while the loop handles the previous one's
@@ -63,6 +65,7 @@ class _PendingAdds:
             else:
                 done.get_loop().call_soon_threadsafe(_settle, done, None)
 
+
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
     if future.done():  # its waiter was cancelled (shutdown)
         return
@@ -70,6 +73,12 @@ def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(exc)
+
+
+def _log_failed_removal(response_id: str, removal: Future[None]) -> None:
+    """A removal _forget does not await: its failure is logged (in the engine thread)."""
+    if not removal.cancelled() and (exc := removal.exception()) is not None:
+        log.error("could not remove run %s from the engine", response_id, exc_info=exc)
 
 
 class EngineWorker(Warming):
@@ -193,14 +202,17 @@ class EngineWorker(Warming):
         )
 
     def _forget(self, response_id: str, *, in_engine: bool = True) -> None:
+        """The run leaves: out of `active`, its outputs of the steps already submitted ignored (_left_at), its
+        clock stopped; with `in_engine`, removed from the engine by the engine thread's next job, not awaited
+        (_drop awaits it)."""
         self.active.pop(response_id, None)
         self._left_at[response_id] = self._steps_submitted
         self.clock.ended(response_id)
         if in_engine:
-            self._engine_thread.submit(self.runtime.engine.remove_sequence, response_id)
+            removal = self._engine_thread.submit(self.runtime.engine.remove_sequence, response_id)
+            removal.add_done_callback(functools.partial(_log_failed_removal, response_id))
 
     async def _drop(self, response_id: str) -> None:
-        self.active.pop(response_id, None)
-        self._left_at[response_id] = self._steps_submitted
-        self.clock.ended(response_id)
+        """_forget, returning once the engine has removed the run."""
+        self._forget(response_id, in_engine=False)
         await self._in_engine(self.runtime.engine.remove_sequence, response_id)

@@ -6,7 +6,6 @@ store refuses fails its own run only, and a run the commit finds no longer ours 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -147,8 +146,12 @@ class GroupCommit(EngineWorker):
                     self._fail_foreground_runs()
                 # The cut may have come after COMMIT reached the server: ask the log what landed,
                 # rather than reading our own unique-key conflict as "someone else owns the run".
-                with contextlib.suppress(Exception):
+                try:
                     already = await recorder.landed(self.db, pending)
+                except Exception as landed_exc:  # the store still away: all of them are tried again
+                    level = logging.DEBUG if is_transient(landed_exc) else logging.WARNING
+                    log.log(level, "could not ask the log which writes landed (%s)", landed_exc, exc_info=True)
+                else:
                     pending = [w for w in pending if w.response_id not in already]
                 if not pending:
                     outcome = StepOutcome({}, set())
