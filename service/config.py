@@ -31,7 +31,7 @@ class Settings(BaseModel):
     # conversation's next turn is also prefilled as its current turn decodes (runs.WARM_EVERY_TOKENS), so a
     # client that answers at once (a tool loop) waits only for what it adds. Off by default: on a CPU the
     # engine's threads are busy while decoding, so this moves the prefill's compute from the next turn's
-    # time to first token into this turn's decoding (measured: -16% decode tok/s on those turns, README).
+    # time to first token into this turn's decoding (measured: -16% decode tok/s on those turns, docs/performance.md).
     warm_while_decoding: bool = False
     # Prompt tokens one engine step prefills (for runs just admitted) before it decodes the running ones:
     # bounds how long a newcomer's prompt holds up every running stream's next token.

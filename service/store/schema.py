@@ -1,5 +1,5 @@
 """Table definitions. The names are a user interface (people query them with sqlite3/psql):
-keep them stable and documented in the README's "SQL inspection" section.
+keep them stable and documented in docs/operations.md, "SQL inspection".
 
 - `events`: exactly the client-visible stream events, `data` = the event JSON as sent (token deltas in
   a compact form that `event_codec` turns back into exactly that JSON).

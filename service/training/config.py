@@ -27,7 +27,7 @@ class TrainConfig:
     threads: int = 1
     # Loss weight of the completion tokens that write a tool output's salient value (in the analysis
     # and the final answer). 1.0 (off) trains every completion token alike: the shipped model's loss.
-    # 8.0 was tried once (README model card): tool value 44.6% vs 41.5%, tool decision 82.0% vs 87.3%.
+    # 8.0 was tried once (docs/models.md, model card): tool value 44.6% vs 41.5%, tool decision 82.0% vs 87.3%.
     copy_weight: float = 1.0
     # Copy drills added to the corpus (corpus.make_drills: lookups in a user turn, after-tool contrast
     # pairs), drawn from their own seed; 0 trains on the corpus alone.

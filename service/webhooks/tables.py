@@ -1,4 +1,4 @@
-"""The webhook tables (migration 0007). Names are a user interface, documented in the README."""
+"""The webhook tables (migration 0007). Names are a user interface, documented in docs/operations.md."""
 
 from __future__ import annotations
 
