@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from service.engine.base import DEFAULT_MASK_DEADLINE_S
 from service.engine.prefill_pacer import DEFAULT_STALL_RATIO
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./service.db"
@@ -40,6 +41,10 @@ class Settings(BaseModel):
     # as it runs), so a running stream's longest token gap stays near (1 + this) times its usual one; a
     # newcomer then takes a few more steps to its first token. 0 = the token budget alone.
     prefill_stall_ratio: float = Field(default=DEFAULT_STALL_RATIO, ge=0)
+    # A constrained run whose next token mask is not computed this long after it was asked for fails alone
+    # (response.failed), while the batch goes on without it (engine/onnx_engine.py; create-time checks refuse the
+    # grammars known to be that slow).
+    mask_deadline_seconds: float = Field(default=DEFAULT_MASK_DEADLINE_S, gt=0)
     # A step's group commit starts no sooner than this after the previous one started. With a fast model
     # (a few milliseconds a step) committing every step alone costs the event loop and the writer CPU the
     # engine's threads then lack; steps committed together also have their deltas folded (one event per

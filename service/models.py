@@ -36,6 +36,7 @@ def load_runtime(settings: Settings) -> ModelRuntime:
             prefix_cache_bytes=settings.prefix_cache_bytes,
             prefill_tokens=settings.prefill_chunk_tokens,
             prefill_stall_ratio=settings.prefill_stall_ratio,
+            mask_deadline_s=settings.mask_deadline_seconds,
         )
         chat_format = chat_format_for(model_dir, {**meta.as_dict(), "eos_token_id": meta.stop_token_ids})
     except Exception as exc:  # noqa: BLE001 - the loading boundary: whatever the files got wrong, say it in a line

@@ -9,12 +9,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from service.engine.base import SamplingParams, TokenBitmask
+from service.config import Settings
+from service.engine.base import DEFAULT_MASK_DEADLINE_S, SamplingParams, TokenBitmask
 from service.engine.onnx_engine import OnnxEngine
+from service.models import load_runtime
 from tests.engine_fixtures import SMALL, contrib_int8_dir, engine, prompt, run_to_end, small_int8_dir
 
 __all__ = ["contrib_int8_dir", "engine", "small_int8_dir"]
@@ -135,3 +138,14 @@ def test_a_grammar_out_of_fuel_fails_its_sequence_alone(engine: OnnxEngine, rele
     out, failed, _ = _run(engine)
     assert out["fast"] == alone and list(failed) == ["spent"] and "lexer fuel spent" in failed["spent"]
     assert len(out["spent"]) == 4
+
+
+def test_the_deadline_is_a_setting(random_model_dir: Path) -> None:
+    """SERVICE_MASK_DEADLINE_SECONDS reaches the engine the server loads (2 s when unset)."""
+    for settings, deadline in [
+        (Settings(model=random_model_dir), DEFAULT_MASK_DEADLINE_S),
+        (Settings(model=random_model_dir, mask_deadline_seconds=0.25), 0.25),
+    ]:
+        loaded = load_runtime(settings).engine
+        assert isinstance(loaded, OnnxEngine) and loaded.mask_deadline_s == deadline
+    assert DEFAULT_MASK_DEADLINE_S == 2.0

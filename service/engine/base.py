@@ -17,6 +17,11 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+# How long one sequence's grammar mask may take before that sequence fails (ordinary masks take well under 10 ms).
+# The others never wait this long (a late mask sits its steps out), so it is generous: loaded machines.
+# SERVICE_MASK_DEADLINE_SECONDS sets it for the server.
+DEFAULT_MASK_DEADLINE_S = 2.0
+
 FinishReason = Literal["stop", "length"]
 
 

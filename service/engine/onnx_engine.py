@@ -61,7 +61,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.engine.base import EngineError, FinishReason, LogitsConstraint, SamplingParams, TokenOutput
+from service.engine.base import (
+    DEFAULT_MASK_DEADLINE_S,
+    EngineError,
+    FinishReason,
+    LogitsConstraint,
+    SamplingParams,
+    TokenOutput,
+)
 from service.engine.config import read_config
 from service.engine.cpu import cpu_features
 from service.engine.info_moe import expert_bits
@@ -77,9 +84,6 @@ _PREFILL_LOGITS_BUDGET = 1 << 25  # floats of logits one prefill chunk may produ
 _REPLAY_COST = 16
 # Threads computing grammar masks beside the forward pass (one job per sequence).
 _MASK_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
-# How long one sequence's grammar mask may take before that sequence fails (ordinary masks take well under 10 ms).
-# The others never wait this long (a late mask sits its steps out), so it is generous: loaded machines.
-DEFAULT_MASK_DEADLINE_S = 2.0
 # How long a step waits for a mask not ready when it starts (it had the last decode's time to run beside the model)
 # before its sequence sits the step out.
 _MASK_GRACE_S = 0.002
