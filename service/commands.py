@@ -15,7 +15,10 @@ import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
-from service import tool_setup
+from service.agent import setup as agent_setup
+from service.agent.items import wants_auto_container
+from service.agent.setup import PreparedTools
+from service.agent.steps import approved_prompt
 from service.config import Settings
 from service.constraints.plan import constraint_spec
 from service.containers import Containers
@@ -40,12 +43,9 @@ from service.protocol.requests import model_effort, refuse_not_offered
 from service.protocol.tools import McpToolChoice, constraint_choice, model_tools
 from service.runs import RunSupervisor
 from service.runs.state import sampling_fact
-from service.server_items import wants_auto_container
 from service.store import leases, read_models, recorder
 from service.store.schema import DEFAULT_PROJECT
 from service.stream_builder import StreamBuilder
-from service.tool_setup import PreparedTools
-from service.tool_steps import approved_prompt
 from service.tools.secrets import redact
 
 # store=false responses the current caller may continue from with previous_response_id: a WebSocket connection's
@@ -206,7 +206,7 @@ class Commands:
         _check_call_ids(history, input_items)
         tools = [] if request.tool_choice == "none" else model_tools(request.tools)
         steps = self.supervisor.tool_steps
-        server_tools = await tool_setup.prepare(
+        server_tools = await agent_setup.prepare(
             tools,
             history=history,
             input_items=input_items,
@@ -219,7 +219,7 @@ class Commands:
             check_container=None if (c := steps.containers) is None else functools.partial(c.check, project=project),
         )
         # The model sees function and custom tools as given, and each server's tools in its namespace.
-        tools = [t for t in tools if t not in tool_setup.server_specs(tools)] + server_tools.model_tools
+        tools = [t for t in tools if t not in agent_setup.server_specs(tools)] + server_tools.model_tools
         effort = model_effort(request)
         prompt_request, prompt_ids = await self._render_to_fit(
             history + input_items, request, tools=tools, effort=effort

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.agent.items import auto_container_id
 from service.errors import InvalidRequest, NotFound
-from service.server_items import auto_container_id
 from service.store import containers as store
 from service.tools.sandbox import Sandbox
 

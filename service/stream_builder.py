@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from service.agent.items import ITEM_PREFIX as SERVER_PREFIX
+from service.agent.items import ServerCall, ServerKind, classify, list_tools_item, mcp_error, new_item
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, OutputKind
 from service.protocol import derived_id
 from service.protocol.client_tools import CALL_TYPES, ITEM_PREFIX, ClientKind, call_fields, call_namespace, client_call
 from service.reasoning_summary import summarize, summary_level
-from service.server_items import ITEM_PREFIX as SERVER_PREFIX
-from service.server_items import ServerCall, ServerKind, classify, list_tools_item, mcp_error, new_item
 
 Event = dict[str, Any]
 Ending = Literal["stop", "length", "cancelled", "failed"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from service.agent_loop import PlannedCall, ToolCalls, execute
+from service.agent.calls import PlannedCall, ToolCalls, execute
 from service.config import Settings
 from service.tools import cgroups, report_sandbox, sandbox_from_settings
 from service.tools.base import ToolResult

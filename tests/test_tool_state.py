@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.agent_loop import ToolCalls
+from service.agent.calls import ToolCalls
+from service.agent.items import classify
+from service.agent.segment import Segment, segment_constraint_spec
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
-from service.server_items import classify
 from service.stream_builder import StreamBuilder
-from service.tool_state import Segment, segment_constraint_spec
 
 MCP = {"type": "mcp", "server_label": "counter", "server_url": "http://127.0.0.1:1/mcp", "require_approval": "never"}
 CODE = {"type": "code_interpreter", "container": {"type": "auto"}}
@@ -111,10 +111,10 @@ def test_segments_and_their_constraint_specs() -> None:
 async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call() -> None:
     from cryptography.fernet import Fernet
 
+    from service.agent.steps import ToolSteps
     from service.config import Settings
     from service.prompting.harmony import HarmonyFormat
     from service.runs.state import ActiveRun
-    from service.tool_steps import ToolSteps
     from service.tools import secrets
 
     key = Fernet.generate_key().decode()

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.agent_loop import RESULT, STARTED, PlannedCall, ToolCalls, execute, idempotency_key
+from service.agent.calls import RESULT, STARTED, PlannedCall, ToolCalls, execute, idempotency_key
 from service.store import event_log
 from service.tools import secrets
 from service.tools.mcp import IDEMPOTENCY_META_KEY, UNREACHABLE, McpConnector, McpUrlRefused, check_server_url

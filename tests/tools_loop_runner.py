@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.agent_loop import PlannedCall, ToolCalls, execute
+from service.agent.calls import PlannedCall, ToolCalls, execute
 from service.store import event_log
 from service.store.db import create_engine
 from service.tools.mcp import McpConnector

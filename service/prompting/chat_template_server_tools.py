@@ -2,7 +2,7 @@
 
 - Names: the model sees an MCP server's tool as a function named `SERVER_LABEL.NAME` in the template's tool
   list. Function tool names cannot contain a dot, so the name alone maps a call back to its server and tool
-  (`server_items.classify`), exactly as Harmony's `to=SERVER_LABEL.NAME` recipient does.
+  (`agent.items.classify`), exactly as Harmony's `to=SERVER_LABEL.NAME` recipient does.
 - The code interpreter is a function `code_interpreter.python` with one argument, `code` (a dotted name,
   so no function tool can collide with it); the parser hands its code on as the call's body, like
   Harmony's `python` tool (`code_call_body`).

@@ -92,4 +92,4 @@ def server_item_messages(item: dict[str, Any], items: Sequence[dict[str, Any]]) 
     if kind == "code_interpreter_call":
         logs = "".join(o.get("logs", "") for o in item.get("outputs") or [] if isinstance(o, dict))
         return [call_message("python", item.get("code") or "", json_body=False), tool_message("python", logs)]
-    return []  # mcp_list_tools: the tools are in the developer message; approval responses: see tool_setup
+    return []  # mcp_list_tools: the tools are in the developer message; approval responses: see agent/setup.py

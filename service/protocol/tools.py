@@ -26,7 +26,7 @@ UNOFFERED_TOOL_TYPES: dict[str, str] = {
     # Every deferred function is offered up front, so there is nothing for a search to load.
     "tool_search": "tool search (deferred tools are offered up front)",
 }
-# Run by the server (service/tools: MCP client, sandboxed interpreter; service/tool_steps: the agent loop).
+# Run by the server (service/tools: MCP client, sandboxed interpreter; service/agent: the agent loop).
 SERVER_TOOL_TYPES: dict[str, str] = {"mcp": "remote MCP servers", "code_interpreter": "the code interpreter"}
 
 

@@ -1,6 +1,6 @@
 """The run loop: `RunSupervisor` (supervisor.py) built on its parts, and a run's state (state.py).
 
-`RunSupervisor` is imported on first use: service.tool_steps (which the supervisor uses) imports
+`RunSupervisor` is imported on first use: service.agent.steps (which the supervisor uses) imports
 service.runs.state, and importing the supervisor here would close that loop."""
 
 from __future__ import annotations

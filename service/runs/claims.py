@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import observability as metrics
+from service.agent.steps import tool_facts
 from service.config import Settings
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
@@ -23,7 +24,6 @@ from service.store.db import write_transaction
 from service.store.faults import is_transient
 from service.store.leases import ClaimedRun
 from service.stream_builder import StreamBuilder
-from service.tool_steps import tool_facts
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
+from service.agent.steps import ToolSteps
 from service.config import Settings
 from service.engine.admission import limit_for_engine
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.runs.state import ActiveRun
-from service.tool_steps import ToolSteps
 
 
 class SupervisorCore:

@@ -139,7 +139,7 @@ class EngineWorker(Warming):
         await added
 
     async def _into_engine(self, run: ActiveRun, end: Callable[..., Awaitable[None]]) -> None:
-        """Put a run (back) into the engine at its current segment (service/tool_state.py); `end` ends it
+        """Put a run (back) into the engine at its current segment (service/agent/segment.py); `end` ends it
         (from the run loop, `_commit_alone`; from a tool call's task, `_end_queued`)."""
         for _, exc in await self._finish_adds(await self._start_adds([run], end), end):
             raise exc

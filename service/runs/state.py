@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service import agent_loop
+from service.agent import calls
+from service.agent.segment import Segment
 from service.engine.base import LogitsConstraint
 from service.projection import apply, project
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PartialTurn, PromptRequest
@@ -20,7 +21,6 @@ from service.protocol import TERMINAL_EVENT_TYPES
 from service.store.recorder import RunWrite
 from service.store.token_facts import group_sizes
 from service.stream_builder import Ending, StreamBuilder
-from service.tool_state import Segment
 
 # (token facts before it, kind, data) of a run's `tool_call_started` / `tool_call_result` facts.
 ToolFact = tuple[int, str, dict[str, Any]]
@@ -56,7 +56,7 @@ class ActiveRun:
     pending: list[dict[str, Any]] = field(default_factory=list)  # regenerated but not yet logged
     cancel_requested: bool = False
     token_facts: int = 0  # token ids logged or queued for this run (in `tokens` facts)
-    segment: Segment | None = None  # the agent loop's position (service/tool_state.py)
+    segment: Segment | None = None  # the agent loop's position (service/agent/segment.py)
     constraint: LogitsConstraint | None = None  # the current segment's
     partial_turn: PartialTurn | None = None  # renders its next turn as it decodes (a continued conversation)
     delta_queued: bool = False  # a delta of this incarnation's output has been queued for commit
@@ -132,7 +132,7 @@ def replay_run(
     """Rebuild a run from its request fact, its token facts (and the tool facts between them) and its
     logged events; events the replay regenerates beyond the log (e.g. `response.in_progress` of a run
     never started) are left in `pending` to be appended. A logged tool result is fed back exactly as it
-    was the first time (service/tool_state.py), so the continuation is the same."""
+    was the first time (service/agent/segment.py), so the continuation is the same."""
     if [e["sequence_number"] for e in logged] != list(range(len(logged))):
         # Left by a version that could commit past a cut-off commit: replaying cannot continue it.
         raise ReplayDiverged(f"the logged events of {response_id} have a hole in their sequence numbers")
@@ -146,7 +146,7 @@ def replay_run(
             approved["server_label"], approved["name"], approved["arguments"], approved["approval_request_id"]
         )
     max_calls = (fact.get("constraints") or {}).get("max_tool_calls") or 1_000_000
-    segment = Segment(list(fact["prompt_token_ids"]), calls=agent_loop.ToolCalls(response_id, max_calls))
+    segment = Segment(list(fact["prompt_token_ids"]), calls=calls.ToolCalls(response_id, max_calls))
     generated = 0
     pending_tools = list(tool_facts)
 
@@ -156,7 +156,7 @@ def replay_run(
             _, kind, data = pending_tools.pop(0)
             assert segment.calls is not None
             segment.calls.apply(kind, data)
-            if kind != agent_loop.RESULT or builder.pending_call is None:
+            if kind != calls.RESULT or builder.pending_call is None:
                 continue
             item = builder.pending_call
             namespace = item.get("server_label", "python")

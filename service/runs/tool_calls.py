@@ -1,4 +1,4 @@
-"""The agent loop's side of the supervisor (service/tool_steps.py): a run whose turn ended in a server-side tool
+"""The agent loop's side of the supervisor (service/agent/steps.py): a run whose turn ended in a server-side tool
 call leaves the engine, its call runs in a task of its own, and the run goes back into the engine with the
 result (or ends) through the group commit."""
 
@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 import logging
 
+from service.agent.steps import RunLost
 from service.runs.group_commit import GroupCommit
 from service.runs.state import ActiveRun
 from service.stream_builder import Ending
-from service.tool_steps import RunLost
 
 log = logging.getLogger(__name__)
 

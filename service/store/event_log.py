@@ -252,7 +252,7 @@ async def count_tokens(connection: AsyncConnection, response_ids: Sequence[str])
     return await token_facts.count_tokens(connection, response_ids)
 
 
-# The agent loop's tool facts (service/agent_loop.py): each (kind, index) is logged at most once per run.
+# The agent loop's tool facts (service/agent/calls.py): each (kind, index) is logged at most once per run.
 TOOL_FACT_KINDS = ("tool_call_started", "tool_call_result")
 
 

@@ -1,6 +1,6 @@
 """The agent loop inside the run supervisor: a run whose model called a server-side tool leaves the
-engine, its call is executed exactly once per log (service/agent_loop.py), the result is logged with its
-events, and the run goes back into the engine with the result in its prompt (service/tool_state.py).
+engine, its call is executed exactly once per log (service/agent/calls.py), the result is logged with its
+events, and the run goes back into the engine with the result in its prompt (service/agent/segment.py).
 
 Nothing here touches the engine or the database directly: the supervisor passes `commit` (append one
 write and return once it is committed) and takes the run back when `run_call` returns.
@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service import agent_loop
+from service.agent import calls
+from service.agent.items import container_id
+from service.agent.segment import segment_constraint_spec
 from service.config import Settings
 from service.containers import Containers
 from service.engine.base import LogitsConstraint
@@ -22,11 +24,9 @@ from service.prompting.base import ChatFormat, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
 from service.prompting.chat_template_server_tools import CODE_TOOL
 from service.runs.state import ActiveRun, ToolFact, prompt_request_from_fact
-from service.server_items import container_id
 from service.store.event_log import StoredFact
 from service.store.recorder import RunWrite
 from service.store.schema import DEFAULT_PROJECT
-from service.tool_state import segment_constraint_spec
 from service.tools import sandbox_from_settings, secrets
 from service.tools.base import ToolResult
 from service.tools.code_interpreter import CodeInterpreter
@@ -47,7 +47,7 @@ def tool_facts(facts: list[StoredFact]) -> list[ToolFact]:
     for stored_fact in facts:
         if stored_fact.kind == "tokens":
             tokens += 1
-        elif stored_fact.kind in (agent_loop.STARTED, agent_loop.RESULT):
+        elif stored_fact.kind in (calls.STARTED, calls.RESULT):
             out.append((tokens, stored_fact.kind, stored_fact.data))
     return out
 
@@ -171,18 +171,18 @@ class ToolSteps:
         namespace = "python" if item["type"] == "code_interpreter_call" else item["server_label"]
         name = item.get("name", "")
         body = item["code"] if item["type"] == "code_interpreter_call" else item["arguments"]
-        call = agent_loop.PlannedCall(run.segment.calls_made, namespace, name, body)
+        call = calls.PlannedCall(run.segment.calls_made, namespace, name, body)
 
         async def log_fact(kind: str, data: dict[str, Any]) -> None:
             write = run.write()
             write.facts.append((kind, data))
-            if kind == agent_loop.RESULT:
+            if kind == calls.RESULT:
                 run.record(write, run.builder.tool_result(data.get("output"), data.get("error"), data.get("details")))
             if not await commit(write):
                 raise RunLost(run.response_id)
 
         registry = self.registry(run)
-        result = await agent_loop.execute(
+        result = await calls.execute(
             run.segment.calls, call, registry, log_fact, timeout_seconds=self.settings.tool_timeout_seconds
         )
         # Off the event loop: a long output takes a while to tokenize (in bounded calls that let the loop run).

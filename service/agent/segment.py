@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.agent_loop import ToolCalls
+from service.agent.calls import ToolCalls
 
 
 @dataclass
