@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import onnx
@@ -18,7 +18,11 @@ class GraphWriter:
         self._count = 0
         self._consts: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "", **attrs: Any) -> Any:
+    @overload
+    def op(self, op_type: str, inputs: list[str], n_out: Literal[1] = 1, *, domain: str = "", **attrs: Any) -> str: ...
+    @overload
+    def op(self, op_type: str, inputs: list[str], n_out: int, *, domain: str = "", **attrs: Any) -> list[str]: ...
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, *, domain: str = "", **attrs: Any) -> str | list[str]:
         """Add a node; returns its output name (or a list when n_out > 1)."""
         self._count += 1
         base = f"{self.prefix}{op_type}_{self._count}"

@@ -121,7 +121,7 @@ def _inverse_cdf(p: np.ndarray, u: float) -> int:
     j = b * _BLOCK + min(int(np.searchsorted(inner, target, side="right")), _BLOCK - 1)
     if j >= n or p[j] == 0.0:  # rounding put the target on a zero-weight tail
         j = int(np.flatnonzero(p[: min(j + 1, n)])[-1]) if np.any(p[: min(j + 1, n)]) else int(np.flatnonzero(p)[0])
-    return j
+    return int(j)
 
 
 def _choose(logits: np.ndarray, params: SamplingParams, u: float) -> int:

@@ -158,9 +158,9 @@ def build_scripted_graph(
 
     # token = table[rule, min(k, width - 1)]; logits one-hot at SCRIPTED_LOGIT.
     flat = g.op("Add", [g.op("Mul", [rule, g.const(width)]), g.op("Min", [k, g.const(width - 1)])])
-    token = g.op("Gather", [g.weight("script.table", table.reshape(-1)), flat], axis=0)
+    next_token = g.op("Gather", [g.weight("script.table", table.reshape(-1)), flat], axis=0)
     values = g.const([0.0, SCRIPTED_LOGIT], np.float32)
-    onehot = g.op("OneHot", [token, g.const(vocab_size), values], axis=-1)  # [b, V]
+    onehot = g.op("OneHot", [next_token, g.const(vocab_size), values], axis=-1)  # [b, V]
     g.op_named("Unsqueeze", [onehot, g.const([1])], ["logits"])
 
     kv: list[int | str] = ["batch", 1, "max_context", _KV_WIDTH]

@@ -119,7 +119,8 @@ class BoundedRenderer:
         return [*out, self._message]
 
     def _end_token(self, message: Message) -> int:
-        return self._call if message.author.role == Role.ASSISTANT and message.recipient is not None else self._end
+        ends_in_call = message.author.role == Role.ASSISTANT and message.recipient is not None
+        return int(self._call if ends_in_call else self._end)
 
     def _native_content(self, role: Role, content: Any, options: RenderOptions) -> list[int]:
         tokens = list(self.encoding.render(Message.from_role_and_content(role, content), options))

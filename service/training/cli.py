@@ -15,7 +15,7 @@ _OPTIONS = (
 )  # fmt: skip
 
 
-def add_train_builtin(subparsers: argparse._SubParsersAction) -> None:
+def add_train_builtin(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from service.training.config import DEFAULT_TRAIN_CONFIG
 
     p = subparsers.add_parser(

@@ -57,7 +57,7 @@ def lease_seconds(timeout_seconds: float) -> float:
 def backoff(attempt: int, base: float, rng: random.Random | None = None) -> float:
     """Seconds before attempt `attempt + 1`: base·2^(attempt-1), with jitter in [50%, 100%]."""
     delay = base * (2 ** min(attempt - 1, 40))
-    return delay * (rng or random).uniform(0.5, 1.0)
+    return float(delay * (rng or random).uniform(0.5, 1.0))
 
 
 async def claim(
