@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import stream_record
+from service import stream_archive
 from service.commands import Commands
 from service.config import Settings
 from service.containers import Containers
@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         state.settings, state.db, state.runtime, state.notifier = settings, db, model, notifier
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
         state.draining = asyncio.Event()
-        state.stream_reader = stream_record.StreamReader(model.chat_format)  # fills compacted streams
+        state.stream_reader = stream_archive.StreamReader(model.chat_format)  # fills archived streams
         state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
         supervisor.tool_steps.sandbox_unavailable = state.sandbox_unavailable
         containers = state.containers = supervisor.tool_steps.containers = Containers(db, supervisor.tool_steps.sandbox)
@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
                 interval_seconds=settings.retention_sweep_seconds,
                 batch_size=settings.retention_batch_size,
                 compaction_grace=settings.log_compaction_grace_seconds,
-                compact_streams=lambda batch: stream_record.compact_streams(
+                archive_streams=lambda batch: stream_archive.archive_streams(
                     db, model.chat_format, window_seconds=settings.replay_window_seconds, batch_size=batch
                 ),
                 sweep_containers=lambda batch: containers.sweep(batch_size=batch),

@@ -5,7 +5,7 @@ every user message verbatim, in order; everything else (assistant replies, reaso
 their outputs, developer/system messages) is dropped and replaced by one assistant message, the
 summary: how many items were dropped, and the text of the last assistant reply (at most
 SUMMARY_CHARS characters). The summary and the dropped items are stored server-side (`compactions`
-table, service/store/compactions.py); the `compaction` item's `encrypted_content` is only a reference
+table, service/store/compaction_state.py); the `compaction` item's `encrypted_content` is only a reference
 to that row, `base64url(json{v, id}) "." base64url(HMAC-SHA256(project \0 body))`, bound to the project
 that compacted. Sent back as an input item it is replaced by the stored summary message before the
 request is parsed, so the prompt the model sees is: the user messages, then the summary, then what follows.

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-# Server settings under which a finished response's stream is compacted (stream_record) within a second.
+# Server settings under which a finished response's stream is archived (stream_archive) within a second.
 COMPACT_AT_ONCE = {
     "SERVICE_LOG_COMPACTION_GRACE_SECONDS": "0",
     "SERVICE_REPLAY_WINDOW_SECONDS": "0",

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from service.conversations.fold import entries_for, fold
+from service.store.conversation_fold import entries_for, fold
 
 
 def _item(n: int) -> dict[str, Any]:

@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.conversations import store
 from service.conversations.protocol import AddItemsRequest, CreateConversationRequest
 from service.conversations.service import Conversations
 from service.errors import InvalidRequest
+from service.store import conversations as store
 from service.store.doctor import check_database
 from service.store.rebuild import rebuild_projections
 from service.store.schema import conversations

@@ -15,7 +15,7 @@ import openai
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store import compactions
+from service.store import compaction_state
 from service.store.db import create_engine
 from service.store.retention import sweep
 from tests.api_helpers import client_for, wait_until_terminal
@@ -104,10 +104,11 @@ def test_sweeper_deletes_expired_responses_and_conversations_under_load(
 
 
 async def test_sweep_purges_compaction_state_past_the_horizon(db: AsyncEngine) -> None:
-    kept = await compactions.save(db, project="p", summary=[{"type": "message"}], dropped=[])
-    assert await compactions.load_summary(db, kept, project="p") == [{"type": "message"}]
-    assert await compactions.load_summary(db, kept, project="q") is None  # another project's: not found
+    kept = await compaction_state.save(db, project="p", summary=[{"type": "message"}], dropped=[])
+    assert await compaction_state.load_summary(db, kept, project="p") == [{"type": "message"}]
+    assert await compaction_state.load_summary(db, kept, project="q") is None  # another project's: not found
     assert (await sweep(db, retention_days=1, now=time.time())).compactions == 0
     swept = await sweep(db, retention_days=1, batch_size=1, now=time.time() + 2 * 86_400)
-    assert swept.compactions == 1 and await compactions.load_summary(db, kept, project="p") is None
-    assert await compactions.stored_key(db) == await compactions.stored_key(db)  # created once (migration 0004)
+    assert swept.compactions == 1 and await compaction_state.load_summary(db, kept, project="p") is None
+    # created once (migration 0004)
+    assert await compaction_state.stored_key(db) == await compaction_state.stored_key(db)

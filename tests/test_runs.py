@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from service import stream_record
+from service import stream_archive
 from service.commands import Commands
 from service.config import Settings
 from service.model_runtime import ModelRuntime
@@ -173,7 +173,7 @@ async def test_fast_steps_are_committed_in_groups_slow_ones_one_by_one(
         facts = await event_log.read_facts(connection, rid)
     request = next(f.data for f in facts if f.kind == "request")
     tokens = [f.data for f in facts if f.kind == "tokens"]
-    assert stream_record.regenerate(rid, request, tokens, logged[-1], CharFormat()) == logged
+    assert stream_archive.regenerate(rid, request, tokens, logged[-1], CharFormat()) == logged
 
 
 async def test_a_runs_first_delta_is_committed_without_waiting_out_the_interval(

@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.conversations import store
 from service.conversations.protocol import (
     AddItemsRequest,
     CreateConversationRequest,
@@ -15,7 +14,8 @@ from service.conversations.protocol import (
     new_conversation_id,
 )
 from service.errors import InvalidRequest, NotFound
-from service.protocol.requests import normalize_items
+from service.protocol.normalize import normalize_items
+from service.store import conversations as conversation_store
 from service.store import event_log
 
 
@@ -32,13 +32,15 @@ class Conversations:
         items = normalize_items(list(request.items or []), conversation_id, key="item", first_index=0)
         async with self.db.begin() as connection:
             await event_log.lock_for_append(connection)
-            return await store.create(connection, conversation_id, request.metadata or {}, items, project=project)
+            return await conversation_store.create(
+                connection, conversation_id, request.metadata or {}, items, project=project
+            )
 
     async def get(self, conversation_id: str, *, project: str) -> dict[str, Any]:
         if not is_conversation_id(conversation_id):
             raise _not_found(conversation_id)
         async with self.db.connect() as connection:
-            conversation = await store.get(connection, conversation_id, project=project)
+            conversation = await conversation_store.get(connection, conversation_id, project=project)
         if conversation is None:
             raise _not_found(conversation_id)
         return conversation
@@ -47,8 +49,8 @@ class Conversations:
         async with self.db.begin() as connection:
             await event_log.lock_for_append(connection)
             await self._require(connection, conversation_id, project=project)
-            await store.update_metadata(connection, conversation_id, request.metadata)
-            conversation = await store.get(connection, conversation_id, project=project)
+            await conversation_store.update_metadata(connection, conversation_id, request.metadata)
+            conversation = await conversation_store.get(connection, conversation_id, project=project)
         assert conversation is not None
         return conversation
 
@@ -56,16 +58,16 @@ class Conversations:
         async with self.db.begin() as connection:
             await event_log.lock_for_append(connection)
             await self._require(connection, conversation_id, project=project)
-            await store.delete(connection, conversation_id)
+            await conversation_store.delete(connection, conversation_id)
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     async def add_items(self, conversation_id: str, request: AddItemsRequest, *, project: str) -> dict[str, Any]:
         async with self.db.begin() as connection:
             await event_log.lock_for_append(connection)
             await self._require(connection, conversation_id, project=project)
-            first = await store.next_ordinal(connection, conversation_id)
+            first = await conversation_store.next_ordinal(connection, conversation_id)
             items = normalize_items(list(request.items), conversation_id, key="item", first_index=first)
-            entries = await store.add_items(connection, conversation_id, items, first_ordinal=first)
+            entries = await conversation_store.add_items(connection, conversation_id, items, first_ordinal=first)
         data = [entry["item"] for entry in entries]
         return {
             "object": "list",
@@ -85,10 +87,12 @@ class Conversations:
             after_ordinal = None
             if after is not None:
                 # A repeated id: the page follows its first occurrence in `order`.
-                after_ordinal = await store.ordinal_of(connection, conversation_id, after, last=order == "desc")
+                after_ordinal = await conversation_store.ordinal_of(
+                    connection, conversation_id, after, last=order == "desc"
+                )
                 if after_ordinal is None:
                     raise InvalidRequest(f"No item with id '{after}' in this conversation.", param="after")
-            rows = await store.page_entries(
+            rows = await conversation_store.page_entries(
                 connection, conversation_id, after_ordinal=after_ordinal, limit=limit + 1, order=order
             )
         page = [item for _, item in rows[:limit]]
@@ -103,7 +107,7 @@ class Conversations:
     async def get_item(self, conversation_id: str, item_id: str, *, project: str) -> dict[str, Any]:
         async with self.db.connect() as connection:
             await self._require(connection, conversation_id, project=project)
-            found = await store.find_item(connection, conversation_id, item_id)
+            found = await conversation_store.find_item(connection, conversation_id, item_id)
         if found is None:
             raise NotFound(f"Item with id '{item_id}' not found in conversation '{conversation_id}'.", param="item_id")
         return found[1]
@@ -112,13 +116,13 @@ class Conversations:
         async with self.db.begin() as connection:
             await event_log.lock_for_append(connection)
             await self._require(connection, conversation_id, project=project)
-            found = await store.find_item(connection, conversation_id, item_id)
+            found = await conversation_store.find_item(connection, conversation_id, item_id)
             if found is None:
                 raise NotFound(
                     f"Item with id '{item_id}' not found in conversation '{conversation_id}'.", param="item_id"
                 )
-            await store.delete_item(connection, conversation_id, found[0])
-            conversation = await store.get(connection, conversation_id, project=project)
+            await conversation_store.delete_item(connection, conversation_id, found[0])
+            conversation = await conversation_store.get(connection, conversation_id, project=project)
         assert conversation is not None
         return conversation
 
@@ -127,10 +131,12 @@ class Conversations:
         async with self.db.connect() as connection:
             if not is_conversation_id(conversation_id):
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation")
-            if await store.get(connection, conversation_id, project=project) is None:
+            if await conversation_store.get(connection, conversation_id, project=project) is None:
                 raise NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation")
-            return [item for _, item in await store.list_entries(connection, conversation_id)]
+            return [item for _, item in await conversation_store.list_entries(connection, conversation_id)]
 
     async def _require(self, connection: Any, conversation_id: str, *, project: str) -> None:
-        if not is_conversation_id(conversation_id) or not await store.get(connection, conversation_id, project=project):
+        if not is_conversation_id(conversation_id) or not await conversation_store.get(
+            connection, conversation_id, project=project
+        ):
             raise _not_found(conversation_id)

@@ -18,7 +18,7 @@ from service.http.include_view import open_reasoning
 from service.item_references import resolve_references
 from service.protocol.ids import new_response_id
 from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
-from service.store import compactions
+from service.store import compaction_state
 
 _COMPACT_PARAMS = tuple(compaction.CompactRequest.model_fields)
 
@@ -29,7 +29,7 @@ async def _key(request: Request) -> bytes:
     if key is None:
         commands: Commands = request.app.state.commands
         secret = commands.settings.secret_key
-        key = compaction.compaction_key(secret, b"" if secret else await compactions.stored_key(commands.db))
+        key = compaction.compaction_key(secret, b"" if secret else await compaction_state.stored_key(commands.db))
         request.app.state.compaction_key = key
     return key
 
@@ -43,7 +43,7 @@ async def read_create_body(request: Request) -> Any:
     commands: Commands = request.app.state.commands
 
     async def load(compaction_id: str, project: str) -> list[dict[str, Any]] | None:
-        return await compactions.load_summary(commands.db, compaction_id, project=project)
+        return await compaction_state.load_summary(commands.db, compaction_id, project=project)
 
     return await compaction.expand_input(body, await _key(request), load, project=request_project(request))
 
@@ -106,7 +106,7 @@ async def managed_create(
     create, summary, dropped = managed
     commands: Commands = request.app.state.commands
     project = request_project(request)
-    stored = await compactions.save(commands.db, project=project, summary=summary, dropped=dropped)
+    stored = await compaction_state.save(commands.db, project=project, summary=summary, dropped=dropped)
     sealed = compaction.seal(await _key(request), project=project, compaction_id=stored)
     return create, {"id": stored, "type": "compaction", "encrypted_content": sealed}
 
@@ -134,12 +134,12 @@ async def compact_response(request: Request) -> Response:
     project = request_project(request)
     input_tokens = await commands.count_input_tokens(create, project=project)
     users, summary, dropped = compaction.compact(await _items(commands, create, project=project))
-    stored = await compactions.save(commands.db, project=project, summary=summary, dropped=dropped)
+    stored = await compaction_state.save(commands.db, project=project, summary=summary, dropped=dropped)
     sealed = compaction.seal(await _key(request), project=project, compaction_id=stored)
     output = [*users, {"id": stored, "type": "compaction", "encrypted_content": sealed}]
     return JSONResponse(
         {
-            "id": compactions.new_compaction_id(),
+            "id": compaction_state.new_compaction_id(),
             "object": "response.compaction",
             "created_at": int(time.time()),
             "output": output,

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from service.errors import InvalidRequest
 from service.http.auth import request_project
 from service.sealing import Sealer, is_sealed_reasoning, open_input
-from service.store import compactions
+from service.store import compaction_state
 from service.store.event_log import StoredEvent
 
 CI_OUTPUTS = "code_interpreter_call.outputs"
@@ -72,7 +72,7 @@ async def reasoning_sealer(request: Request) -> Sealer:
     if sealer is None:
         state = request.app.state
         secret = state.commands.settings.secret_key
-        sealer = Sealer.from_settings(secret, b"" if secret else await compactions.stored_key(state.commands.db))
+        sealer = Sealer.from_settings(secret, b"" if secret else await compaction_state.stored_key(state.commands.db))
         state.reasoning_sealer = sealer
     return sealer
 

@@ -17,7 +17,7 @@ from service.store import event_log, read_models
 from service.store.event_log import StoredEvent
 from service.store.faults import is_transient
 
-# `event_log.read_events`, or a reader that also fills compacted streams (stream_record.StreamReader).
+# `event_log.read_events`, or a reader that also fills archived streams (stream_archive.StreamReader).
 EventReader = Callable[..., Awaitable[list[StoredEvent]]]
 
 

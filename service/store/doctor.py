@@ -18,12 +18,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from service.conversations.fold import fold
-from service.conversations.store import is_conversation_stream
 from service.projection import project
 from service.protocol import TERMINAL_EVENT_TYPES, TERMINAL_STATUSES
 from service.store import event_log
-from service.store.compactions import check_row
+from service.store.compaction_state import check_row
+from service.store.conversation_fold import fold
+from service.store.conversations import is_conversation_stream
 from service.store.db import create_engine
 from service.store.event_log import encode
 from service.store.schema import (
@@ -202,7 +202,7 @@ def _check_response(
     problems: list[Problem] = []
     numbers = [e.sequence_number for e in stored_events]
     if compacted:
-        # Log compaction (service/stream_record.py) keeps `response.created` and the terminal event;
+        # An archived stream (service/stream_archive.py) keeps `response.created` and the terminal event;
         # the events between are regenerated from the token record.
         if len(numbers) != 2 or numbers[0] != 0 or stored_events[-1].type not in TERMINAL_EVENT_TYPES:
             problems.append(Problem(rid, "a compacted log is not its response.created and terminal event"))

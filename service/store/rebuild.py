@@ -7,10 +7,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from service.conversations import store as conversation_store
-from service.conversations.fold import fold
 from service.projection import project
+from service.store import conversations as conversation_store
 from service.store import event_log, read_models
+from service.store.conversation_fold import fold
 from service.store.db import create_engine, migrate
 from service.store.schema import DEFAULT_PROJECT, conversation_entries, conversations
 from service.store.token_facts import RECORD_KIND

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.conversations import store as conversation_store
+from service.store import conversations as conversation_store
 from service.store import event_codec, event_log, leases, read_models, token_facts
 from service.store.db import write_transaction
 from service.store.schema import DEFAULT_PROJECT

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.conversations import store as conversation_store
-from service.store import compactions, event_log, recorder
+from service.store import compaction_state, event_log, recorder
+from service.store import conversations as conversation_store
 from service.store.faults import is_transient
-from service.store.log_compaction import compact_finished_runs
 from service.store.schema import conversations, responses, runs
+from service.store.token_chunks import merge_finished_runs
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ async def sweep(db: AsyncEngine, *, retention_days: float, batch_size: int = 100
     while True:
         # Compaction state expires `retention_days` after it was created, like a response.
         async with db.begin() as connection:
-            gone = await compactions.purge_before(connection, cutoff, limit=batch_size)
+            gone = await compaction_state.purge_before(connection, cutoff, limit=batch_size)
         gone_compactions += gone
         if gone < batch_size:
             break
@@ -102,12 +102,12 @@ async def run_sweeper(
     interval_seconds: float,
     batch_size: int,
     compaction_grace: float,
-    compact_streams: Callable[[int], Awaitable[int]] | None = None,
+    archive_streams: Callable[[int], Awaitable[int]] | None = None,
     sweep_containers: Callable[[int], Awaitable[int]] | None = None,
 ) -> None:
-    """Every `interval_seconds` until cancelled: delete what expired, fold the token facts of finished
-    runs (log_compaction), then compact the streams past the replay window (`compact_streams(batch)`,
-    service/stream_record.py). Store errors are logged and retried next time. `sweep_containers(batch)`
+    """Every `interval_seconds` until cancelled: delete what expired, merge the token chunks of finished
+    runs (token_chunks.py), then archive the streams past the replay window (`archive_streams(batch)`,
+    service/stream_archive.py). Store errors are logged and retried next time. `sweep_containers(batch)`
     (service/containers.py) deletes expired code-interpreter containers and those of deleted responses,
     then their files, and any container directory left without a row; it runs whatever the horizon."""
     while True:
@@ -122,9 +122,9 @@ async def run_sweeper(
                     swept.conversations,
                     swept.compactions,
                 )
-            while await compact_finished_runs(db, batch_size=batch_size, grace_seconds=compaction_grace) == batch_size:
+            while await merge_finished_runs(db, batch_size=batch_size, grace_seconds=compaction_grace) == batch_size:
                 pass
-            while compact_streams is not None and await compact_streams(batch_size) == batch_size:
+            while archive_streams is not None and await archive_streams(batch_size) == batch_size:
                 pass
         except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a store outage
             if not is_transient(exc):

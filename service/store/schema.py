@@ -138,7 +138,7 @@ conversation_entries = sa.Table(
     sa.Index("ix_conversation_entries_item", "conversation_id", "item_id"),
 )
 
-# What a compaction kept (service/store/compactions.py): `data` = {"summary": [...], "dropped": [...]}.
+# What a compaction kept (service/store/compaction_state.py): `data` = {"summary": [...], "dropped": [...]}.
 # A `compaction` item's encrypted_content is an HMAC'd reference to (id, project); retention purges by age.
 compactions = sa.Table(
     "compactions",

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.store.compactions import stored_key
+from service.store.compaction_state import stored_key
 from service.tools.mcp import McpUrlRefused, check_server_url
 from service.webhooks import signing
 from service.webhooks.tables import PENDING, webhook_attempts, webhook_deliveries, webhook_endpoints

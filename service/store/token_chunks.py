@@ -1,11 +1,12 @@
-"""Log compaction: once a run has ended, its per-step `tokens` facts are folded into one.
+"""Merging a finished run's token chunks into one `tokens` fact (what the sweeper's "log compaction",
+`SERVICE_LOG_COMPACTION_GRACE_SECONDS`, does).
 
-A live run logs one `tokens` fact per engine step (what resume needs, committed with the events
-it produced). A finished run is never resumed again, but replay (`run_state.replay_run`), doctor
-and rebuild still read its tokens: they read the ids of all its `tokens` facts in log order, so one
-fact holding the concatenation (ids, and logprobs when logged) replays identically. Compaction
-waits `grace_seconds` after the response was created and until the run is done, so no writer
-still counting its facts (`recorder.landed`) sees the count change.
+A live run's sampled ids are logged in chunk facts (token_facts.py: each step extends the run's last
+`tokens` fact until it passes `CHUNK_CHARS`). A finished run is never resumed again, but replay
+(`runs.state.replay_run`), doctor and rebuild still read its tokens: they read the ids of all its
+`tokens` facts in log order, so one fact holding the concatenation (ids, groups, and logprobs when
+logged) replays identically. The merge waits `grace_seconds` after the response was created and until
+the run is done, so no writer still counting its facts (`recorder.landed`) sees the count change.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from service.store.schema import responses, run_facts, runs
 from service.store.token_facts import merge_token_facts
 
 
-async def compact_finished_runs(
+async def merge_finished_runs(
     db: AsyncEngine, *, batch_size: int = 50, grace_seconds: float = 60.0, now: float | None = None
 ) -> int:
     """Fold the token facts of up to `batch_size` finished runs, one short transaction; returns how many."""

@@ -1,8 +1,10 @@
-"""Server-side compaction state (`compactions` table) and the stored server key (`server_keys`).
+"""Context-compaction state: what each `/v1/responses/compact` (or `context_management`) kept, in the
+`compactions` table, and the stored server key (`server_keys`).
 
-A compaction's kept context lives here; clients hold only an HMAC'd reference to it
-(service/compaction.py). Rows are not derived from the event log: `rebuild-projections` leaves them
-alone, retention deletes them by age (`purge_before`), `doctor` checks their shape (`check_rows`).
+A compaction's kept context lives here; clients hold only an HMAC'd reference to it (the compaction
+itself and the reference: service/compaction.py). Rows are not derived from the event log:
+`rebuild-projections` leaves them alone, retention deletes them by age (`purge_before`), `doctor`
+checks their shape (`check_row`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""Log compaction of a finished response's stream: its events are replaced by one compressed token record.
+"""Archiving a finished response's stream: its events are replaced by one compressed token record.
 
 Every event of a finished run but its first (`response.created`) and its terminal one is a pure
 function of the request fact and the sampled tokens: replaying the tokens through a fresh parser and
 StreamBuilder (as resume does), then closing the run the way its terminal event says it ended,
-regenerates them. After the replay window, `compact_streams` checks that this regeneration gives back
+regenerates them. After the replay window, `archive_streams` checks that this regeneration gives back
 every stored event byte for byte, and only then, in one transaction, deletes those event rows and
 replaces the run's `tokens` facts by one `token_record` fact (the same facts, zlib-compressed). A
 response whose events do not all regenerate (a tool loop, a format change) is left as it is.
 
-Readers see no difference: `read_events` below fills the gaps of a compacted response from the
+Readers see no difference: `read_events` below fills the gaps of an archived response from the
 record, so `GET …?stream=true` (with or without `starting_after`) streams the same bytes as before.
-The log of a compacted response keeps its `response.created` and terminal rows, so SQL readers,
+The log of an archived response keeps its `response.created` and terminal rows, so SQL readers,
 projections and `rebuild-projections` (which fold the terminal snapshot) are unchanged.
 """
 
@@ -110,7 +110,7 @@ async def _load(connection: AsyncConnection, response_id: str) -> tuple[dict[str
 
 
 class StreamReader:
-    """`event_log.read_events` for streaming clients, with the gaps of compacted responses filled in."""
+    """`event_log.read_events` for streaming clients, with the gaps of archived responses filled in."""
 
     def __init__(self, chat_format: ChatFormat, cache_size: int = 64) -> None:
         self.chat_format = chat_format
@@ -154,7 +154,7 @@ class StreamReader:
         return full
 
 
-async def compact_streams(
+async def archive_streams(
     db: AsyncEngine,
     chat_format: ChatFormat,
     *,
@@ -162,8 +162,8 @@ async def compact_streams(
     batch_size: int = 20,
     now: float | None = None,
 ) -> int:
-    """Compact up to `batch_size` finished responses older than the replay window; returns how many were
-    looked at (compacted or found not regenerable). Each is checked on a read snapshot, then rewritten in
+    """Archive up to `batch_size` finished responses older than the replay window; returns how many were
+    looked at (archived or found not regenerable). Each is checked on a read snapshot, then rewritten in
     one short transaction that re-checks nothing changed meanwhile."""
     cutoff = (time.time() if now is None else now) - window_seconds
     recorded = sa.select(run_facts.c.response_id).where(run_facts.c.kind.in_([RECORD_KIND, SKIPPED_KIND]))
@@ -183,7 +183,7 @@ async def compact_streams(
     async with db.connect() as connection:
         ids = list((await connection.scalars(query)).all())
     for response_id in ids:
-        await _compact_one(db, chat_format, response_id)
+        await _archive_one(db, chat_format, response_id)
     return len(ids)
 
 
@@ -202,7 +202,7 @@ def _verified(
     return len(regenerated) == len(stored) and all(a == b.data for a, b in zip(regenerated, stored, strict=True))
 
 
-async def _compact_one(db: AsyncEngine, chat_format: ChatFormat, response_id: str) -> int:
+async def _archive_one(db: AsyncEngine, chat_format: ChatFormat, response_id: str) -> int:
     # Read and regenerate outside any write transaction (in a thread: a long stream is CPU work), so
     # writers never wait for it; the rewrite then checks the log is still what was verified.
     async with db.connect() as connection:
@@ -218,7 +218,7 @@ async def _compact_one(db: AsyncEngine, chat_format: ChatFormat, response_id: st
             sa.select(sa.func.count(), sa.func.max(events.c.position)).where(events.c.response_id == response_id)
         )
         if tuple(now.one()) != snapshot:
-            return 0  # deleted or compacted meanwhile
+            return 0  # deleted or archived meanwhile
         if not verified:
             log.info("the stream of %s does not regenerate from its tokens; it is kept as it is", response_id)
             await event_log.append_fact(connection, response_id, SKIPPED_KIND, {})

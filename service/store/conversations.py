@@ -1,6 +1,8 @@
-"""Conversation transactions and reads. Each write appends the conversation's next event and
-updates its projection rows (`conversations`, `conversation_entries`) in the same transaction,
-under the log's append lock, so writes to one conversation are serialised in commit order."""
+"""Conversation transactions and reads: the store side of service/conversations/. Each write appends the
+conversation's next event and updates its projection rows (`conversations`, `conversation_entries`) in the
+same transaction, under the log's append lock, so writes to one conversation are serialised in commit order.
+Beside the responses' tables (read_models.py): the recorder appends a response's items to its conversation
+in the terminal transaction, and rebuild, doctor and retention fold or delete conversations with the rest."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.conversations.fold import ConversationState, Entry, entries_for
 from service.protocol import item_role, item_text
 from service.protocol.items import sql_text
 from service.store import event_log
+from service.store.conversation_fold import ConversationState, Entry, entries_for
 from service.store.event_log import encode
-from service.store.read_models import owned
+from service.store.read_models import list_items, owned
 from service.store.schema import conversation_entries, conversations, run_facts
 
 CONVERSATION_PREFIX = "conv_"
@@ -278,8 +280,6 @@ async def find_item(
 async def append_response_items(connection: AsyncConnection, response_id: str) -> None:
     """A response that names a conversation has ended: its input and output items join the conversation,
     in this (the terminal) transaction. Skipped when the conversation was deleted meanwhile."""
-    from service.store.read_models import list_items
-
     data = await connection.scalar(
         sa.select(run_facts.c.data)
         .where(run_facts.c.response_id == response_id, run_facts.c.kind == "request")

@@ -1,4 +1,4 @@
-"""Log compaction of whole streams end to end, on SQLite and PostgreSQL: after the replay window a
+"""Archiving whole streams end to end, on SQLite and PostgreSQL: after the replay window a
 finished response keeps only `response.created`, its terminal event and one compressed token
 record; `GET …?stream=true` (from the start and with `starting_after`) regenerates the bytes the
 client saw live; a response whose events do not regenerate is left as it is; `doctor` passes and
@@ -17,7 +17,7 @@ import httpx
 from service.prompting.harmony import HarmonyFormat
 from service.store import event_log
 from service.store.db import create_engine, migrate
-from service.stream_record import StreamReader, decode_record, encode_record
+from service.stream_archive import StreamReader, decode_record, encode_record
 from tests.api_helpers import COMPACT_AT_ONCE, client_for, sql_rows
 from tests.conftest import ServerProcess
 from tests.faults import assert_doctor_clean_and_projections_rebuild
