@@ -5,6 +5,9 @@ extend the run's last `tokens` fact in the same transaction as the events they p
 its JSON passes `CHUNK_CHARS`, and then a new fact starts. Resume, replay, doctor and rebuild read
 the concatenation of a run's `tokens` facts in log order, which chunking leaves unchanged, and a
 row per step would cost more bytes (response id, index entry, timestamp) than the ids themselves.
+
+The fact itself, its keys and how facts merge, is `TokensFact` (service/log/facts.py); the functions here that
+take and return the stored JSON objects (for the recorder's queued writes and the stream archive) go through it.
 """
 
 from __future__ import annotations
@@ -18,46 +21,29 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.log.facts import TokenRecord, TokensFact, decode_as, encode_json, fact_data
 from service.store.schema import run_facts
 
 # A chunk is rewritten by each step that extends it: this bounds the bytes one step rewrites.
 CHUNK_CHARS = 1024
 # The fact that replaces a compacted response's `tokens` facts and most of its events (service/stream_record.py).
-RECORD_KIND = "token_record"
+RECORD_KIND = TokenRecord.KIND
 
 
 def group_sizes(fact: dict[str, Any]) -> list[int]:
-    """How the ids of a `tokens` fact were grouped when their events were built (pure).
-
-    The ids of several engine steps committed together form one group, whose text deltas are folded into
-    one delta event per content (StreamBuilder.fold_into); replay folds the same groups, so it rebuilds
-    the same events. A fact without `groups` holds groups of one id (each step committed alone)."""
-    groups = fact.get("groups")
-    return list(groups) if groups else [1] * len(fact["ids"])
+    """How the ids of a stored `tokens` fact were grouped when their events were built (pure): see
+    `TokensFact.group_sizes`."""
+    return decode_as(TokensFact, fact).group_sizes()
 
 
 def merge_token_facts(facts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One `tokens` fact equal, for replay, to the sequence of `facts` (pure)."""
-    ids = [token for fact in facts for token in fact["ids"]]
-    merged: dict[str, Any] = {"ids": ids}
-    if any("logprobs" in fact for fact in facts):
-        merged["logprobs"] = [entry for fact in facts for entry in fact.get("logprobs", [None] * len(fact["ids"]))]
-    groups = [size for fact in facts for size in group_sizes(fact)]
-    if any(size > 1 for size in groups):
-        merged["groups"] = groups
-    return merged
+    """One stored `tokens` fact equal, for replay, to the sequence of `facts` (pure): see `TokensFact.merge`."""
+    return fact_data(TokensFact.merge([decode_as(TokensFact, fact) for fact in facts]))
 
 
 def join_last_group(fact: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     """`fact` with the ids of `later` (one step's `tokens` fact) added to its last group (pure)."""
-    merged = merge_token_facts([fact, later])
-    sizes = group_sizes(fact)
-    merged["groups"] = sizes[:-1] + [sizes[-1] + len(later["ids"])]
-    return merged
-
-
-def _encode(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return fact_data(decode_as(TokensFact, fact).join_last_group(decode_as(TokensFact, later)))
 
 
 _later = run_facts.alias("later")
@@ -136,7 +122,7 @@ async def append_tokens(
     known = chunks.get(response_id) if chunks is not None else None
     if known is not None and len(known.data) < CHUNK_CHARS:
         payload = merge_token_facts([known.payload, data])
-        merged = _encode(payload)
+        merged = encode_json(payload)
         result = await connection.execute(
             _EXTEND, {"chunk": known.position, "old": known.data, "run": response_id, "new": merged}
         )
@@ -152,16 +138,16 @@ async def append_tokens(
             .limit(1)
         )
     ).first()
-    if last is not None and last.kind == "tokens" and len(last.data) < CHUNK_CHARS:
+    if last is not None and last.kind == TokensFact.KIND and len(last.data) < CHUNK_CHARS:
         payload = merge_token_facts([json.loads(last.data), data])
-        merged = _encode(payload)
+        merged = encode_json(payload)
         await connection.execute(sa.update(run_facts).where(run_facts.c.position == last.position).values(data=merged))
         if chunks is not None:
             chunks.remember(response_id, Chunk(last.position, merged, payload))
         return
-    encoded = _encode(data)
+    encoded = encode_json(data)
     result = await connection.execute(
-        sa.insert(run_facts).values(response_id=response_id, kind="tokens", data=encoded, created_at=now)
+        sa.insert(run_facts).values(response_id=response_id, kind=TokensFact.KIND, data=encoded, created_at=now)
     )
     if chunks is not None and result.inserted_primary_key is not None:
         chunks.remember(response_id, Chunk(int(result.inserted_primary_key[0]), encoded, data))
@@ -184,7 +170,7 @@ async def append_token_groups(
             await append_tokens(connection, response_id, facts, now, chunks)
             continue
         payload = merge_token_facts([known.payload, merge_token_facts(facts)])
-        extends.append((response_id, known, Chunk(known.position, _encode(payload), payload)))
+        extends.append((response_id, known, Chunk(known.position, encode_json(payload), payload)))
     if not extends:
         return
     assert chunks is not None
@@ -234,9 +220,9 @@ async def count_tokens(connection: AsyncConnection, response_ids: Sequence[str])
         return counts
     rows = await connection.execute(
         sa.select(run_facts.c.response_id, run_facts.c.data).where(
-            run_facts.c.response_id.in_(list(response_ids)), run_facts.c.kind == "tokens"
+            run_facts.c.response_id.in_(list(response_ids)), run_facts.c.kind == TokensFact.KIND
         )
     )
     for rid, data in rows:
-        counts[rid] += len(json.loads(data)["ids"])
+        counts[rid] += len(decode_as(TokensFact, data).ids)
     return counts
