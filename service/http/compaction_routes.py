@@ -17,7 +17,8 @@ from service.http.body import json_body
 from service.http.include_view import open_reasoning
 from service.item_references import resolve_references
 from service.protocol.ids import new_response_id
-from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request
+from service.protocol.normalize import normalize_input
+from service.protocol.requests import CreateResponseRequest, parse_create_request
 from service.store import compaction_state
 
 _COMPACT_PARAMS = tuple(compaction.CompactRequest.model_fields)

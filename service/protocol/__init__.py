@@ -6,7 +6,8 @@ do not implement is rejected with a 400 naming the field, never ignored. Import 
 
 from service.protocol.ids import derived_id, is_response_id, new_response_id
 from service.protocol.items import ConversationItem, InputItem, item_role, item_text
-from service.protocol.requests import CreateResponseRequest, normalize_input, parse_create_request, wants_logprobs
+from service.protocol.normalize import normalize_input
+from service.protocol.requests import CreateResponseRequest, parse_create_request, wants_logprobs
 from service.protocol.response import TERMINAL_EVENT_TYPES, TERMINAL_STATUSES, initial_response
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The create request: validated strictly (unknown fields are a 400 naming them), and its input normalised."""
+"""The create request: validated strictly (unknown fields are a 400 naming them). Its option sub-models are in
+request_options.py, its input's normalisation in normalize.py."""
 
 from __future__ import annotations
 
@@ -8,21 +9,18 @@ from pydantic import Field, ValidationError, field_validator
 
 from service.errors import InvalidRequest
 from service.protocol.base import Strict
-from service.protocol.ids import derived_id
-from service.protocol.items import (
-    ID_PREFIX,
-    ClientToolItem,
-    ConversationItem,
-    CustomToolCallItem,
-    CustomToolCallOutputItem,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    InputItem,
-    ItemReference,
-    McpApprovalResponseItem,
-    MessageItem,
-    RefusalPart,
-    client_tool_item,
+from service.protocol.items import InputItem
+from service.protocol.request_options import (
+    MODEL_EFFORT,
+    NO_OP_INCLUDES,
+    BackgroundOptions,
+    ContextManagement,
+    ConversationRef,
+    ImageOptions,
+    Penalty,
+    PromptCacheOptions,
+    ReasoningConfig,
+    StreamOptions,
 )
 from service.protocol.text import TextConfig
 from service.protocol.tools import (
@@ -39,75 +37,6 @@ from service.protocol.tools import (
     ToolChoice,
     not_offered,
 )
-
-Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
-SummaryMode = Literal["auto", "concise", "detailed"]
-# Every effort OpenAI accepts, onto the model's three levels (and so onto config's reasoning budgets).
-_MODEL_EFFORT: dict[str, Literal["low", "medium", "high"]] = {
-    "none": "low",
-    "minimal": "low",
-    "low": "low",
-    "medium": "medium",
-    "high": "high",
-    "xhigh": "high",
-    "max": "high",
-}
-
-
-class ReasoningConfig(Strict):
-    effort: Effort | None = None
-    # Echoed; the stream builder adds a summary part to each reasoning item (service/reasoning_summary.py).
-    summary: SummaryMode | None = None
-    generate_summary: SummaryMode | None = None  # deprecated alias of `summary`
-
-
-class BackgroundOptions(Strict):
-    """Scheduling hints: runs start in arrival order here whatever the window."""
-
-    completion_window: Literal["soonest", "2h", "8h"] | None = None
-    continuation_id: str | None = None
-
-
-class PromptCacheOptions(Strict):
-    """Hints for OpenAI's prompt cache; this server's prefix cache keeps what it can regardless."""
-
-    mode: Literal["implicit", "explicit"] | None = None
-    ttl: Literal["30m", "12h"] | None = None
-    comparison_response_id: str | None = None
-    # Prewarming returns no output: accepting it while generating would be a different answer.
-    prewarm: bool | None = None  # true is refused in parse_create_request
-
-
-class ImageOptions(Strict):
-    context_compression: Literal["auto", "enabled", "disabled"] | None = None
-
-
-class StreamOptions(Strict):
-    # Pads delta events with an `obfuscation` field (random characters) against length side channels.
-    include_obfuscation: bool | None = None
-
-
-# Tool outputs a request may ask to include; no tool that produces them runs here, so they add nothing.
-_NO_OP_INCLUDES = Literal[
-    "file_search_call.results",
-    "web_search_call.results",
-    "web_search_call.action.sources",
-    "message.input_image.image_url",
-    "computer_call_output.output.image_url",
-]
-
-
-class ConversationRef(Strict):
-    id: str
-
-
-class ContextManagement(Strict):
-    # Compact the history before generating when the prompt exceeds compact_threshold (service/compaction.py).
-    type: Literal["compaction"]
-    compact_threshold: Annotated[int, Field(ge=1)] | None = None
-
-
-Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
 class CreateResponseRequest(Strict):
@@ -144,7 +73,7 @@ class CreateResponseRequest(Strict):
     include: (
         list[
             Literal["message.output_text.logprobs", "code_interpreter_call.outputs", "reasoning.encrypted_content"]
-            | _NO_OP_INCLUDES
+            | NO_OP_INCLUDES
         ]
         | None
     ) = None
@@ -247,7 +176,7 @@ def refuse_not_offered(request: CreateResponseRequest) -> None:
 def model_effort(request: CreateResponseRequest) -> Literal["low", "medium", "high"]:
     """The model's reasoning level for the request's `reasoning.effort` (medium when unset)."""
     effort = request.reasoning.effort if request.reasoning else None
-    return _MODEL_EFFORT[effort] if effort is not None else "medium"
+    return MODEL_EFFORT[effort] if effort is not None else "medium"
 
 
 def _check_tools(request: CreateResponseRequest) -> None:
@@ -335,96 +264,6 @@ def _invalid_from_validation(exc: ValidationError) -> InvalidRequest:
     if first["type"] == "missing":
         return InvalidRequest(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     return InvalidRequest(f"Invalid value for '{param}': {first['msg']}.", param=param, code="invalid_value")
-
-
-def normalize_input(request: CreateResponseRequest, response_id: str) -> list[ConversationItem]:
-    """The request's input as canonical Responses item dicts, each with a stable id."""
-    items: list[Any] = (
-        [MessageItem(role="user", content=request.input)] if isinstance(request.input, str) else request.input
-    )
-    return normalize_items(items, response_id, key="input", first_index=0)
-
-
-def normalize_items(items: list[Any], owner_id: str, *, key: str, first_index: int) -> list[ConversationItem]:
-    """Validated input items as canonical item dicts; an item without an id gets one derived from
-    (owner, key, index), so a replay names it identically."""
-    out: list[ConversationItem] = []
-    for index, item in enumerate(items, start=first_index):
-        item_id = item.id or derived_id(ID_PREFIX[item.type], owner_id, f"{key}:{index}")
-        if isinstance(item, ItemReference):
-            out.append({"id": item.id, "type": "item_reference"})  # resolved by service/item_references.py
-        elif isinstance(item, MessageItem):
-            part_type = "output_text" if item.role == "assistant" else "input_text"
-            parts = [item.content] if isinstance(item.content, str) else item.content
-            content: list[dict[str, Any]] = [
-                {"type": "refusal", "refusal": part.refusal}
-                if isinstance(part, RefusalPart)
-                else {
-                    "type": part_type,
-                    "text": part if isinstance(part, str) else part.text,
-                    **({"annotations": []} if part_type == "output_text" else {}),
-                }
-                for part in parts
-            ]
-            message = {"id": item_id, "type": "message", "role": item.role, "content": content, "status": "completed"}
-            out.append({**message, "phase": item.phase} if item.phase is not None else message)
-        elif isinstance(item, FunctionCallItem):
-            out.append(
-                {
-                    "id": item_id,
-                    "type": "function_call",
-                    "call_id": item.call_id,
-                    "name": item.name,
-                    "arguments": item.arguments,
-                    "status": "completed",
-                    **({"namespace": item.namespace} if item.namespace is not None else {}),
-                }
-            )
-        elif isinstance(item, CustomToolCallItem):
-            out.append(
-                {
-                    "id": item_id,
-                    "type": "custom_tool_call",
-                    "call_id": item.call_id,
-                    "name": item.name,
-                    "input": item.input,
-                    "status": "completed",
-                }
-            )
-        elif isinstance(item, CustomToolCallOutputItem):
-            out.append(
-                {
-                    "id": item_id,
-                    "type": "custom_tool_call_output",
-                    "call_id": item.call_id,
-                    "output": _tool_output(item.output),
-                    "status": "completed",
-                }
-            )
-        elif isinstance(item, FunctionCallOutputItem):
-            out.append(
-                {
-                    "id": item_id,
-                    "type": "function_call_output",
-                    "call_id": item.call_id,
-                    "output": _tool_output(item.output),
-                    "status": "completed",
-                }
-            )
-        elif isinstance(item, ClientToolItem):
-            out.append(client_tool_item(item, item_id))
-        elif isinstance(item, McpApprovalResponseItem):
-            answer = {"approval_request_id": item.approval_request_id, "approve": item.approve, "reason": item.reason}
-            out.append({"id": item_id, "type": "mcp_approval_response", **answer})
-        else:
-            reasoning_parts = [{"type": "reasoning_text", "text": part.text} for part in item.content or []]
-            out.append({"id": item_id, "type": "reasoning", "summary": [], "content": reasoning_parts})
-    return out
-
-
-def _tool_output(output: Any) -> Any:
-    """A tool output as sent: a string, or its content parts without the fields the client left out."""
-    return output if isinstance(output, str) else [part.model_dump(exclude_none=True) for part in output]
 
 
 _TYPE_TAGS = {
