@@ -46,6 +46,10 @@ def parse_int8_block(text: str) -> int:
     return block
 
 
+# The RoPE scalings weights.rope_tables computes.
+ROPE_SCALINGS = ("llama3",)
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     vocab_size: int
@@ -61,12 +65,22 @@ class DecoderConfig:
     tie_embeddings: bool = True
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # RoPE frequency scaling, as Hugging Face's rope_scaling / rope_parameters spell it; only
+    # {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    # (Llama 3.1+). None: plain RoPE. Named apart from HF's keys: read_config keeps those in the metadata.
+    rope_scale: dict[str, Any] | None = field(default=None, hash=False)
+    # Sliding-window attention (Mistral v0.1): a position attends to the last `attention_window` positions, itself
+    # included (GroupQueryAttention's local_window_size over the full KV cache). 0: every earlier position.
+    attention_window: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         if self.head_dim % 2:
             raise ValueError("head_dim must be even (RoPE)")
+        if self.rope_scale is not None and self.rope_scale.get("rope_type") not in ROPE_SCALINGS:
+            kind = self.rope_scale.get("rope_type")
+            raise ValueError(f"RoPE scaling {kind!r} (supported: {', '.join(ROPE_SCALINGS)})")
 
     @property
     def group_size(self) -> int:

@@ -5,12 +5,17 @@ buffer per layer that the engine binds as both input and output), SimplifiedLaye
 SkipSimplifiedLayerNormalization, fused QKV and gate/up projections, and int8 linear layers whose
 result for a row does not depend on the rest of the batch: MatMulNBits bits=8 (accuracy_level=4:
 activations quantized per row block) or, with block "row", MatMulIntegerToFloat over weights with
-one scale per output channel and activations quantized per row in the graph. Optional q/k/v
-biases (Qwen2) are added after the fused projection. Inputs: input_ids [b, s], attention_mask
+one scale per output channel and activations quantized per row in the graph; or MatMulNBits bits=4 in
+blocks of 16 or 32 (the block sizes where its one-row and many-row kernels agree). Optional q/k/v
+biases (Qwen2) are added after the fused projection; optional per-head q/k RMSNorms (Qwen3) are applied
+to the split projection before GroupQueryAttention's rotary. Inputs: input_ids [b, s], attention_mask
 [b, past + s]; outputs logits [b, 1, vocab] (last position) and present.{i}.key/.value.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -58,6 +63,53 @@ def check_block_size(block: int) -> int:
     if block not in INT8_BLOCK_SIZES:
         raise ValueError(f"int8 block size must be one of {', '.join(INT8_BLOCK_NAMES)}, not {block}")
     return block
+
+
+# MatMulNBits bits=4 (accuracy level 4) gives a row the same bits alone as in a batch only for blocks of 16 and
+# 32 (measured with onnxruntime 1.32 on AVX-512 VNNI: at 64 and 128 the one-row and many-row kernels round
+# differently; tests/test_importers.py). Without VNNI the engine decodes such a model one sequence at a time.
+INT4_BLOCK_SIZES = (16, 32)
+
+
+def check_int4_block_size(block: int) -> int:
+    if block not in INT4_BLOCK_SIZES:
+        sizes = ", ".join(map(str, INT4_BLOCK_SIZES))
+        raise ValueError(
+            f"int4 weights decode batch-invariantly only in blocks of {sizes} (MatMulNBits), not "
+            f"{'row' if block == INT8_PER_ROW else block}"
+        )
+    return block
+
+
+def quantize_blockwise_int4(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric 4-bit blocks along K of w [N, K] (HF [out, in]): MatMulNBits B [N, blocks, block / 2] (two codes
+    a byte, the even index in the low nibble, zero point 8, which MatMulNBits takes when none is given) and
+    scales. A block's largest-magnitude value maps to -8 exactly (scale = that value / -8), so the codes use the
+    full range -8..7, as llama.cpp's Q4_0 and onnxruntime's symmetric 4-bit quantizer do."""
+    n, k = w.shape
+    kb = -(-k // check_int4_block_size(block))
+    padded = np.zeros((n, kb * block), dtype=np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, kb, block)
+    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    scale = np.where(peak == 0, 1.0, peak / -8.0).astype(np.float32)
+    codes = (np.clip(np.rint(blocks / scale[..., None]), -8, 7) + 8).astype(np.uint8)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), scale.reshape(-1)
+
+
+def contrib_int4_scheme(block: int) -> dict[str, Any]:
+    """config.json's description of graph_contrib's int4 weights (the head stays int8 in the same blocks)."""
+    return {
+        "scheme": "matmulnbits_int4",
+        "op": "com.microsoft.MatMulNBits",
+        "bits": 4,
+        "block_size": block,
+        "symmetric": True,
+        "accuracy_level": 4,
+        "activation_type": "int8 (dynamic, per row block)",
+        "lm_head": {"bits": 8, "block_size": block},
+        "built_for_kernel": cpu_features().int8_kernel,
+    }
 
 
 def quantize_rows_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,17 +183,23 @@ def linear_op(
     quantize: bool,
     block: int = INT8_BLOCK_SIZE,
     zero_points: str | None = None,
+    bits: int = 8,
 ) -> str:
-    """x @ weight.T for weight [N, K] (HF [out, in]): int8 in blocks of `block` (MatMulNBits) or per row, or
-    fp32 MatMul. `zero_points`: see row_int8_linear."""
+    """x @ weight.T for weight [N, K] (HF [out, in]): int8 in blocks of `block` (MatMulNBits) or per row, int4 in
+    blocks (`bits` 4), or fp32 MatMul. `zero_points`: see row_int8_linear."""
     n, k = weight.shape
     if not quantize:
         return str(g.op("MatMul", [x, g.weight(name + ".weight_t", weight.T)]))
-    if block == INT8_PER_ROW:
+    if bits == 4:
+        b, scales = quantize_blockwise_int4(weight, block)
+    elif bits != 8:
+        raise ValueError(f"linear layers are fp32, int8 or int4, not {bits}-bit")
+    elif block == INT8_PER_ROW:
         return row_int8_linear(g, x, name, weight, zero_points=zero_points)
-    b, scales = quantize_blockwise_int8(weight, check_block_size(block))
+    else:
+        b, scales = quantize_blockwise_int8(weight, check_block_size(block))
     ins = [x, g.weight(name + ".qweight", b), g.weight(name + ".scales", scales)]
-    return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=8, block_size=block, accuracy_level=4))
+    return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=bits, block_size=block, accuracy_level=4))
 
 
 def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.ndarray, eps: float) -> tuple[str, str]:
@@ -152,20 +210,36 @@ def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.nd
 
 
 def build_contrib_graph(
-    config: DecoderConfig, w: dict[str, np.ndarray], *, quantize: bool = True, block: int = INT8_BLOCK_SIZE
+    config: DecoderConfig,
+    w: Mapping[str, np.ndarray],
+    *,
+    quantize: bool = True,
+    block: int = INT8_BLOCK_SIZE,
+    bits: int = 8,
 ) -> onnx.ModelProto:
-    """Weights `w` in HF names/layout; quantize=False keeps fp32 MatMuls (for exact reference tests);
-    `block`: the int8 weights' block size along K, or INT8_PER_ROW."""
+    """Weights `w` in HF names/layout (any mapping: a lazy one reads each weight when the graph needs it);
+    quantize=False keeps fp32 MatMuls (for exact reference tests); `block`: the quantized weights' block size
+    along K, or INT8_PER_ROW (int8 only); `bits`: 8, or 4 for the layers' projections (the head stays int8)."""
     c = config
     g = GraphWriter()
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
+    if quantize and bits == 4:
+        check_int4_block_size(block)
     # Per row, the activations are quantized by blocked QuantizeLinear (opset 21), whose zero points are shaped
     # [b, rows, 1]: one tensor for every position, then the last position's for the head.
     per_row = quantize and block == INT8_PER_ROW
     zero_points = row_zero_points(g, "input_ids") if per_row else None
 
-    def linear(x: str, name: str, weight: np.ndarray) -> str:
-        return linear_op(g, x, name, weight, quantize=quantize, block=block, zero_points=zero_points)
+    def linear(x: str, name: str, weight: np.ndarray, layer_bits: int = bits) -> str:
+        return linear_op(g, x, name, weight, quantize=quantize, block=block, zero_points=zero_points, bits=layer_bits)
+
+    def head_norm(x: str, heads: int, name: str) -> str:
+        """RMSNorm over each head's d values of x [b, s, heads * d] (Qwen3's q_norm/k_norm): row-wise."""
+        per_head = g.op("Reshape", [x, g.const([0, 0, heads, d])])
+        normed = g.op(
+            "SimplifiedLayerNormalization", [per_head, g.weight(name, w[name])], axis=-1, epsilon=c.rms_norm_eps
+        )
+        return str(g.op("Reshape", [normed, g.const([0, 0, heads * d])]))
 
     def skip_norm(x: str, residual: str, name: str) -> tuple[str, str]:
         return skip_norm_op(g, x, residual, name, w[name], c.rms_norm_eps)
@@ -191,9 +265,14 @@ def build_contrib_graph(
         if p + "self_attn.q_proj.bias" in w:  # Qwen2: q/k/v biases, one Add (row-wise: batch-invariant)
             qkv_b = np.concatenate([w[p + f"self_attn.{m}_proj.bias"] for m in "qkv"])
             qkv = g.op("Add", [qkv, g.weight(p + "self_attn.qkv_proj.bias", qkv_b)])
+        query, key, value = qkv, "", ""
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3: q and k normalized per head, then GQA's rotary
+            q, k, value = g.op("Split", [qkv, g.const([nh * d, kvh * d, kvh * d])], n_out=3, axis=-1)
+            query = head_norm(q, nh, p + "self_attn.q_norm.weight")
+            key = head_norm(k, kvh, p + "self_attn.k_norm.weight")
         ctx = g.op(
             "GroupQueryAttention",
-            [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total, cos, sin],
+            [query, key, value, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total, cos, sin],
             n_out=3,
             domain=MS,
             num_heads=nh,
@@ -201,6 +280,8 @@ def build_contrib_graph(
             scale=float(1 / np.sqrt(d)),
             do_rotary=1,
             rotary_interleaved=0,
+            # a sliding window (Mistral v0.1) is a mask over the full cache: HF's window, as graph_gptoss's
+            local_window_size=c.attention_window or -1,
         )
         g.nodes[-1].output[1] = f"present.{i}.key"
         g.nodes[-1].output[2] = f"present.{i}.value"
@@ -222,7 +303,7 @@ def build_contrib_graph(
     if zero_points is not None:  # linear() reads it when called: the head's rows are the last positions
         zero_points = g.last_position(zero_points)
     head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
-    logits = linear(hdn, "lm_head", head)
+    logits = linear(hdn, "lm_head", head, 8)
     if "lm_head.bias" in w:  # e.g. a model trained on part of the vocabulary: -1e4 for ids it never wrote
         logits = g.op("Add", [logits, g.weight("lm_head.bias", w["lm_head.bias"])])
     g.op_named("Identity", [logits], ["logits"])
