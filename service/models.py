@@ -7,7 +7,7 @@ from typing import Any
 
 from service.config import Settings
 from service.engine.config import read_config
-from service.engine.model_dir import ensure_builtin_model
+from service.engine.model_dir import ensure_builtin_model, ensure_imported_model, is_checkpoint_dir
 from service.engine.model_files import ModelDirError
 from service.engine.onnx_engine import OnnxEngine
 from service.model_runtime import ModelRuntime
@@ -17,6 +17,8 @@ from service.prompting import chat_format_for
 def resolve_model_dir(settings: Settings) -> Path:
     if settings.model is not None:
         try:
+            if is_checkpoint_dir(settings.model):  # a Hugging Face checkpoint: imported once into the cache
+                return ensure_imported_model(settings.model, settings.model_cache, progress=True)
             read_config(settings.model)
         except ModelDirError as exc:
             raise ModelDirError(f"SERVICE_MODEL={settings.model}: {exc}") from exc

@@ -118,7 +118,8 @@ def shape_config(shape: str, vocab: str = "harmony") -> DecoderConfig:
 
 
 def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Add `model {build-default,quantize,info,build-random,build-scripted}` to a parent parser's subparsers."""
+    """Add `model {build-default,quantize,import,info,build-random,build-scripted}` to a parent parser's
+    subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
     block_help = (
         f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}), or row: one scale per "
@@ -148,6 +149,37 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--block-size", type=_block_size, default=None, metavar=block_choices, help=block_help)
     p.set_defaults(func=_quantize)
+
+    p = sub.add_parser(
+        "import",
+        help="import a Hugging Face safetensors checkpoint (llama, mistral, qwen2, qwen3, gpt_oss) as a servable "
+        "ONNX model directory",
+        description="Reads config.json and the *.safetensors weights of a checkpoint as downloaded from the Hugging "
+        "Face Hub (tensor by tensor; no torch) and writes the contrib-layout graph the engine decodes batched, each "
+        "row bit-identical to decoding it alone (gpt-oss: its MoE graph), with the tokenizer, chat template and "
+        "generation config. SERVICE_MODEL=HF_DIR does the same once, into the model cache, at start.",
+    )
+    p.add_argument("src", type=Path, help="the checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("out", type=Path, help="a new directory (written elsewhere and renamed into place at the end)")
+    bits = p.add_mutually_exclusive_group()
+    bits.add_argument(
+        "--bits",
+        type=int,
+        choices=[8, 4, 32],
+        default=None,
+        help="8: int8 weights (default; gpt-oss: 4, its experts' own precision); 4: int4 projections in blocks of "
+        "16 or 32 (the head stays int8); 32: unquantized (a debug path: transformers' logits to float rounding)",
+    )
+    bits.add_argument("--fp32", dest="bits", action="store_const", const=32, help="the same as --bits 32")
+    p.add_argument("--block-size", type=_block_size, default=None, metavar=block_choices, help=block_help)
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="the context served: prompt + output tokens (default: the checkpoint's, at most 32768; each "
+        "generating run holds a KV cache this long)",
+    )
+    p.set_defaults(func=_import)
 
     p = sub.add_parser("info", help="print a model directory's description as JSON")
     p.add_argument("path", type=Path, nargs="?", default=None, help="default: the built-in model")
@@ -228,6 +260,25 @@ def _quantize(args: argparse.Namespace) -> int:
         out = quantize_model(args.src, args.dst, block=block)
     scheme = read_config(out).extra["quantization"]["scheme"]
     print(f"{out}: int8 ({scheme}); files: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from service.engine.importers import import_checkpoint
+
+    started = time.monotonic()
+    out = import_checkpoint(
+        args.src,
+        args.out,
+        bits=args.bits,
+        block=args.block_size,
+        max_context=args.max_context,
+        progress=print,
+        bar=True,
+    )
+    meta = read_config(out)
+    scheme = (meta.extra.get("quantization") or {}).get("scheme", "fp32")
+    print(f"{out} ({scheme}, {time.monotonic() - started:.1f}s; serve it with SERVICE_MODEL={out})")
     return 0
 
 

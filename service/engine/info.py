@@ -55,6 +55,10 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         total, idle = logical_parameters(model)
         parameters = total
         extra = {"mixture_of_experts": moe, "active_parameters": total - idle}
+    source = meta.extra.get("source")
+    if isinstance(source, dict):  # imported from a checkpoint (`model import`): what it was, counted there
+        parameters = int(source.get("parameters") or parameters or 0) or parameters
+        extra["source"] = source
     return {
         "path": str(model_dir),
         "model_file": path.name,
@@ -97,9 +101,18 @@ def decoding(
         }
     scheme = extra.get("quantization") or {}
     kind = scheme.get("scheme")
+    if kind == "matmulnbits_int4" and cpu is not None and not cpu.has_vnni:
+        return {
+            "batched": True,
+            "batch_invariant": False,
+            "note": "all decoding sequences in one run per token; int4 MatMulNBits was measured batch-invariant on "
+            "VNNI CPUs only (this one has none)",
+        }
     # Rows never meet in a sum: MatMulNBits at accuracy level 4 quantizes per row block; rows_int8 per row,
-    # with exact int32 sums.
-    invariant = kind == "rows_int8" or (kind == "matmulnbits_int8" and scheme.get("accuracy_level") == 4)
+    # with exact int32 sums; int4 MatMulNBits likewise in blocks of 16 and 32 (graph_contrib.INT4_BLOCK_SIZES).
+    invariant = kind == "rows_int8" or (
+        kind in ("matmulnbits_int8", "matmulnbits_int4") and scheme.get("accuracy_level") == 4
+    )
     return {
         "batched": True,
         "batch_invariant": invariant,

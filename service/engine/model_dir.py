@@ -1,15 +1,20 @@
-"""The model cache: the built-in model (trained here, shipped in the package) and the random test model.
+"""The model cache: the built-in model (trained here, shipped in the package), the random test model, and
+Hugging Face checkpoints imported for SERVICE_MODEL.
 
 The built-in model ships as a compact artifact in `service/builtin_model/` (float16 weights over
 the few thousand ids its corpus uses, plus a manifest with its SHA-256, training configuration
 and metrics). On first use it is checked against that hash and expanded into a servable ONNX int8
 directory in the cache: seconds, never training. The random-weight model (endless generation,
-for tests and benchmarks) is built from a seed the same way it always was."""
+for tests and benchmarks) is built from a seed the same way it always was. A checkpoint directory
+(config.json + *.safetensors, no graph) is imported once into a directory named by its content hash;
+later starts find it there."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -29,6 +34,8 @@ BUILTIN_NAME = "builtin-harmony-tiny"
 BUILTIN_VERSION = 3
 BUILTIN_ARTIFACT_DIR = Path(__file__).resolve().parents[1] / "builtin_model"
 BUILTIN_MANIFEST = BUILTIN_ARTIFACT_DIR / f"{BUILTIN_NAME}.json"
+
+log = logging.getLogger(__name__)
 
 RANDOM_NAME = "random-harmony-tiny"
 RANDOM_VERSION = 2
@@ -152,3 +159,55 @@ def describe_builtin() -> dict[str, Any]:
         "decoder": manifest["decoder"],
         "metrics": manifest["metrics"],
     }
+
+
+# Bump when the importers' output changes for the same checkpoint: the cache directory name carries it.
+IMPORT_VERSION = 1
+# SHA-256s of checkpoint files already hashed, by path, size, mtime and inode (importers/checkpoint.py).
+HASH_MEMO = ".checkpoint-hashes.json"
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """A directory holding config.json and safetensors weights but no ONNX graph: a Hugging Face checkpoint,
+    which `model import` (and SERVICE_MODEL, through ensure_imported_model) reads."""
+    path = Path(path)
+    if not (path / "config.json").is_file() or any(path.glob("*.onnx")):
+        return False
+    return any(path.glob("*.safetensors"))
+
+
+def ensure_imported_model(src: Path, cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """The model directory imported from the Hugging Face checkpoint `src`, imported into the cache first if no
+    import of the same content (config.json and every safetensors file's SHA-256) is there; logs which."""
+    from service.engine.importers import (  # reads safetensors: only for a checkpoint
+        Checkpoint,
+        checkpoint_model_id,
+        default_bits,
+        import_checkpoint,
+    )
+
+    cache = cache_dir or default_model_dir()
+    memo = cache / HASH_MEMO
+    with Checkpoint(src) as ckpt:
+        digest = ckpt.content_hash(memo)
+        bits = default_bits(ckpt.model_type)
+        name = checkpoint_model_id(src, ckpt.config)  # org/name for a Hugging Face cache snapshot
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "checkpoint"
+    target = cache / f"imported-{slug}-{digest[:16]}-v{IMPORT_VERSION}-int{bits}"
+    if (target / "config.json").exists():
+        log.info("SERVICE_MODEL=%s: serving %s, imported before (checkpoint sha256 %s)", src, target, digest[:16])
+        return target
+    started = time.monotonic()
+
+    def build(out: Path) -> Path:
+        return import_checkpoint(src, out, bits=bits, bar=progress, hash_memo=memo)
+
+    _cached(target, f"imported-{slug}", build, progress=False)
+    log.info(
+        "SERVICE_MODEL=%s: imported into %s in %.1fs (checkpoint sha256 %s)",
+        src,
+        target,
+        time.monotonic() - started,
+        digest[:16],
+    )
+    return target
