@@ -295,6 +295,21 @@ def test_tied_embeddings_read_the_head_from_the_embedding(tmp_path: Path) -> Non
     np.testing.assert_allclose(prompt_logits(out, PROMPTS[1]), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
 
 
+def test_a_large_import_streams_its_tensors_to_a_data_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past a size (here lowered), tensors of 1 MiB or more are written to model.onnx.data as the graph is made
+    (graph_gptoss.ExternalWriter), never all in memory; the result computes the same."""
+    import service.engine.model_files as model_files
+
+    monkeypatch.setattr(model_files, "EXTERNAL_DATA_THRESHOLD", 1024)
+    wide = DecoderConfig(**{**SHAPE.to_dict(), "vocab_size": 5000})  # a 1.28 MB float32 embedding
+    stored = write_checkpoint(tmp_path / "ckpt", hf_config("llama", wide), hf_weights(wide))
+    out = import_checkpoint(tmp_path / "ckpt", tmp_path / "fp32", bits=32)
+    assert (out / "model.onnx.data").stat().st_size >= 5000 * 64 * 4
+    want = reference_forward(decoder(out), stored, np.asarray(PROMPTS[1]))[-1]
+    np.testing.assert_allclose(prompt_logits(out, PROMPTS[1]), want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
+    assert_batch_invariant(import_checkpoint(tmp_path / "ckpt", tmp_path / "int8"))
+
+
 def test_bits_and_block_sizes_are_checked(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "ckpt", hf_config("llama"), hf_weights(SHAPE))
     result = run_cli(
@@ -361,3 +376,20 @@ def test_service_model_names_a_checkpoint_it_cannot_import(tmp_path: Path) -> No
     settings = Settings(database_url="sqlite+aiosqlite:///unused.db", model=tmp_path / "ckpt", model_cache=tmp_path)
     with pytest.raises(ModelDirError, match=r"^SERVICE_MODEL=.*model_type 'phi3'"):
         resolve_model_dir(settings)
+
+
+def test_a_gpt_oss_checkpoint_is_imported_through_the_same_command(tmp_path: Path) -> None:
+    """model_type gpt_oss goes to importers/gpt_oss.py (its own tests: tests/test_import_gptoss.py), 4-bit experts
+    by default, with the same `source` record."""
+    from tests.test_import_gptoss import TINY, write_mxfp4_checkpoint
+
+    src = write_mxfp4_checkpoint(tmp_path / "gpt-oss-tiny", TINY)
+    result = run_cli("model", "import", str(src), str(tmp_path / "out"), "--block-size", "32")
+    assert_one_line_error(result, "--block-size and --max-context are for dense checkpoints")
+    result = run_cli("model", "import", str(src), str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    meta = read_config(tmp_path / "out")
+    assert meta.extra["quantization"]["expert_bits"] == 4
+    assert meta.extra["source"]["model_type"] == "gpt_oss" and meta.extra["source"]["dtypes"]["U8"] > 0
+    with Checkpoint(src) as ckpt:
+        assert meta.extra["source"]["sha256"] == ckpt.content_hash()

@@ -14,7 +14,7 @@ to the split projection before GroupQueryAttention's rotary. Inputs: input_ids [
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -47,16 +47,36 @@ def _around_128(q: np.ndarray) -> np.ndarray:
     return (q.astype(np.int16) + 128).astype(np.uint8)
 
 
+# Rows quantized at a time: a head of 201,088 x 2,880 would otherwise take a few float32 copies of itself in
+# temporaries (padding, division, rounding); each row's codes are the same either way.
+_QUANTIZE_ELEMENTS = 1 << 24
+
+
+def _by_rows(
+    w: np.ndarray, quantize: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize` applied to w [N, K] a chunk of rows at a time, the codes and scales concatenated along N."""
+    rows = max(1, _QUANTIZE_ELEMENTS // max(1, w.shape[1]))
+    if w.shape[0] <= rows:
+        return quantize(w)
+    parts = [quantize(w[i : i + rows]) for i in range(0, w.shape[0], rows)]
+    return np.concatenate([q for q, _ in parts]), np.concatenate([s for _, s in parts])
+
+
 def quantize_blockwise_int8(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric 8-bit blocks along K of w [N, K] (HF [out, in]): MatMulNBits B (uint8, zero point 128)
     and scales. The zero points are left out: MatMulNBits then takes 128 for every block, which gives
     the same results bit for bit and saves a byte per block that every decoded token would read."""
-    n, k = w.shape
-    kb = -(-k // block)
-    padded = np.zeros((n, kb * block), dtype=np.float32)
-    padded[:, :k] = w
-    q, scale = _symmetric_int8(padded.reshape(n, kb, block))
-    return _around_128(q), scale.reshape(-1)
+
+    def chunk(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, k = rows.shape
+        kb = -(-k // block)
+        padded = np.zeros((n, kb * block), dtype=np.float32)
+        padded[:, :k] = rows
+        q, scale = _symmetric_int8(padded.reshape(n, kb, block))
+        return _around_128(q), scale.reshape(-1)
+
+    return _by_rows(w, chunk)
 
 
 def check_block_size(block: int) -> int:
@@ -86,15 +106,20 @@ def quantize_blockwise_int4(w: np.ndarray, block: int = INT8_BLOCK_SIZE) -> tupl
     a byte, the even index in the low nibble, zero point 8, which MatMulNBits takes when none is given) and
     scales. A block's largest-magnitude value maps to -8 exactly (scale = that value / -8), so the codes use the
     full range -8..7, as llama.cpp's Q4_0 and onnxruntime's symmetric 4-bit quantizer do."""
-    n, k = w.shape
-    kb = -(-k // check_int4_block_size(block))
-    padded = np.zeros((n, kb * block), dtype=np.float32)
-    padded[:, :k] = w
-    blocks = padded.reshape(n, kb, block)
-    peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
-    scale = np.where(peak == 0, 1.0, peak / -8.0).astype(np.float32)
-    codes = (np.clip(np.rint(blocks / scale[..., None]), -8, 7) + 8).astype(np.uint8)
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), scale.reshape(-1)
+    check_int4_block_size(block)
+
+    def chunk(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, k = rows.shape
+        kb = -(-k // block)
+        padded = np.zeros((n, kb * block), dtype=np.float32)
+        padded[:, :k] = rows
+        blocks = padded.reshape(n, kb, block)
+        peak = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        scale = np.where(peak == 0, 1.0, peak / -8.0).astype(np.float32)
+        codes = (np.clip(np.rint(blocks / scale[..., None]), -8, 7) + 8).astype(np.uint8)
+        return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8), scale.reshape(-1)
+
+    return _by_rows(w, chunk)
 
 
 def contrib_int4_scheme(block: int) -> dict[str, Any]:
@@ -114,7 +139,7 @@ def contrib_int4_scheme(block: int) -> dict[str, Any]:
 
 def quantize_rows_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 with one scale per row of w [N, K] (per output channel): B [K, N] int8 and scales [N]."""
-    q, scale = _symmetric_int8(w)
+    q, scale = _by_rows(w, _symmetric_int8)
     return np.ascontiguousarray(q.T), scale
 
 
@@ -216,12 +241,15 @@ def build_contrib_graph(
     quantize: bool = True,
     block: int = INT8_BLOCK_SIZE,
     bits: int = 8,
+    writer: GraphWriter | None = None,
 ) -> onnx.ModelProto:
     """Weights `w` in HF names/layout (any mapping: a lazy one reads each weight when the graph needs it);
     quantize=False keeps fp32 MatMuls (for exact reference tests); `block`: the quantized weights' block size
-    along K, or INT8_PER_ROW (int8 only); `bits`: 8, or 4 for the layers' projections (the head stays int8)."""
+    along K, or INT8_PER_ROW (int8 only); `bits`: 8, or 4 for the layers' projections (the head stays int8).
+    `writer`: where the tensors go (graph_gptoss.ExternalWriter streams the large ones to a data file as they
+    are made, so a big model is never whole in memory); a plain GraphWriter by default."""
     c = config
-    g = GraphWriter()
+    g = writer or GraphWriter()
     d, nh, kvh = c.head_dim, c.num_heads, c.num_kv_heads
     if quantize and bits == 4:
         check_int4_block_size(block)

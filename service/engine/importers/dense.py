@@ -191,13 +191,29 @@ def write_dense(
 ) -> Path:
     """graph_contrib's graph of `model` (fp32 for bits 32, else int8 or int4 in blocks of `block`) and
     config.json into `out_dir`."""
+    import onnx
+
     from service.engine.graph_contrib import build_contrib_graph, contrib_int4_scheme
-    from service.engine.model_files import MODEL_FILE, save_model
+    from service.engine.graph_gptoss import ExternalWriter
+    from service.engine.model_files import EXTERNAL_DATA_THRESHOLD, MODEL_FILE, save_model
     from service.engine.quantize import contrib_int8_scheme
 
     quantize = bits != 32
-    graph = build_contrib_graph(model.config, model.weights, quantize=quantize, block=block, bits=min(bits, 8))
-    save_model(graph, out_dir / MODEL_FILE)
+    # Tensors of 1 MiB or more go to model.onnx.data as they are made: the graph is never whole in memory (a
+    # protobuf graph would also be copied whole when assembled). Small models stay one file.
+    external = model.config.parameter_count() * (4 if bits == 32 else 1) > EXTERNAL_DATA_THRESHOLD // 4
+    writer = ExternalWriter(out_dir / (MODEL_FILE + ".data")) if external else None
+    try:
+        graph = build_contrib_graph(
+            model.config, model.weights, quantize=quantize, block=block, bits=min(bits, 8), writer=writer
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is not None:
+        onnx.save_model(graph, str(out_dir / MODEL_FILE))  # the large tensors are in the data file already
+    else:
+        save_model(graph, out_dir / MODEL_FILE)
     del graph
     scheme = None if not quantize else contrib_int4_scheme(block) if bits == 4 else contrib_int8_scheme(block)
     meta = {
