@@ -24,6 +24,7 @@ from service.config import Settings
 from service.log import facts
 from service.log.facts import (
     FACT_TYPES,
+    ApprovedCall,
     CancelRequested,
     MalformedFact,
     NotCompactable,
@@ -235,7 +236,8 @@ _requests = st.builds(
     conversation_id=st.none() | _text,
     input_items=st.none() | st.lists(_objects, max_size=2),
     mcp_listed=st.none() | st.lists(_objects, max_size=2),
-    approved_call=_maybe_empty,
+    approved_call=st.none()
+    | st.builds(ApprovedCall, server_label=_text, name=_text, arguments=_text, approval_request_id=_text),
     sealed_secrets=st.none() | st.dictionaries(_text, _text, max_size=2),
     mcp_secret_labels=st.none() | st.lists(_text, max_size=2),
     compaction_item=st.none() | _objects,
@@ -298,7 +300,7 @@ def test_the_request_fact_is_what_the_dict_builder_wrote(fact: RequestFact) -> N
         **({"input_items": fact.input_items} if fact.input_items is not None else {}),
         # PreparedTools.fact_fields
         **({"mcp_listed": fact.mcp_listed} if fact.mcp_listed else {}),
-        **({"approved_call": fact.approved_call} if fact.approved_call else {}),
+        **({"approved_call": fact_data(fact.approved_call)} if fact.approved_call else {}),
         **({"sealed_secrets": fact.sealed_secrets} if fact.sealed_secrets else {}),
         **({"mcp_secret_labels": fact.mcp_secret_labels} if fact.mcp_secret_labels else {}),
         **({"compaction_item": fact.compaction_item} if fact.compaction_item is not None else {}),

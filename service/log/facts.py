@@ -5,7 +5,7 @@ resume a run and what the read models are rebuilt from is here (docs/durability.
 
 | kind | type | written by |
 | --- | --- | --- |
-| `request` | `RequestFact` (with `Sampling`) | `commands.create`, in the create transaction |
+| `request` | `RequestFact` (with `Sampling`, `ApprovedCall`) | `commands.create`, in the create transaction |
 | `tokens` | `TokensFact` | every group commit (`store/token_facts.py` keeps them in chunk rows) |
 | `tool_call_started` / `tool_call_result` | `ToolCallStarted` / `ToolCallResult` | the agent loop (`agent/calls.py`) |
 | `cancel_requested` | `CancelRequested` | `recorder.cancel` |
@@ -75,6 +75,17 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovedCall:
+    """An MCP call the request's `mcp_approval_response` approves (`RequestFact.approved_call`): the run starts
+    with it, as the model's own call."""
+
+    server_label: str
+    name: str
+    arguments: str
+    approval_request_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFact:
     """Everything a run is rebuilt from besides its tokens: logged once, in the create transaction."""
 
@@ -95,7 +106,7 @@ class RequestFact:
     # Server-side tools (service/agent/setup.py): new `mcp_list_tools` items, an approved call, MCP headers
     # sealed for a background run (by label), and the labels whose headers a run has in memory (names only).
     mcp_listed: list[dict[str, Any]] | None = _omitted_when_empty()
-    approved_call: dict[str, Any] | None = _omitted_when_empty()
+    approved_call: ApprovedCall | None = field(default=None, metadata={_OMIT: _none, _NESTED: ApprovedCall})
     sealed_secrets: dict[str, str] | None = _omitted_when_empty()
     mcp_secret_labels: list[str] | None = _omitted_when_empty()
     compaction_item: dict[str, Any] | None = _omitted_when_none()  # a `context_management` compaction's item
@@ -207,7 +218,7 @@ FACT_TYPES: dict[str, type[Fact]] = {
     for cls in (RequestFact, TokensFact, ToolCallStarted, ToolCallResult, CancelRequested, TokenRecord, NotCompactable)
 }
 
-_Encodable = Fact | Sampling
+_Encodable = Fact | Sampling | ApprovedCall
 F = TypeVar("F", bound=_Encodable)
 
 
@@ -245,7 +256,7 @@ def fact_data(fact: _Encodable) -> dict[str, Any]:
         value = getattr(fact, rule.name)
         if rule.omit is not None and rule.omit(value):
             continue
-        data[rule.name] = fact_data(value) if rule.nested is not None else value
+        data[rule.name] = fact_data(value) if rule.nested is not None and value is not None else value
     return data
 
 
@@ -268,7 +279,7 @@ def decode_as(cls: type[F], data: str | Mapping[str, Any]) -> F:
     for rule in _rules(cls):
         if rule.name in parsed:
             value = parsed[rule.name]
-            values[rule.name] = decode_as(rule.nested, value) if rule.nested is not None else value
+            values[rule.name] = value if rule.nested is None or value is None else decode_as(rule.nested, value)
         elif rule.required:
             raise MalformedFact(f"a {cls.__name__} without `{rule.name}`")
     return cls(**values)
