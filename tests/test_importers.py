@@ -120,6 +120,24 @@ def decoder(model_dir: Path) -> DecoderConfig:
     return read_config(model_dir).decoder
 
 
+def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    """`python -m service ARGS` in this process (the subprocess costs seconds of imports): status, out, err."""
+    from service.__main__ import main
+
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def one_line_error(result: tuple[int, str, str], *fragments: str) -> str:
+    status, _, err = result
+    lines = err.strip().splitlines()
+    assert status == 1 and len(lines) == 1 and lines[0].startswith("error: "), result
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     ("model_type", "more", "biases", "qk_norms"),
     [
@@ -258,12 +276,12 @@ def test_what_the_graph_cannot_express_is_refused(
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_tensors_are_listed_by_name(tmp_path: Path) -> None:
+def test_missing_tensors_are_listed_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     weights = hf_weights(SHAPE, biases=True)
     gone = [n for n in weights if n.endswith("q_proj.bias") or n.startswith("model.layers.1.mlp.")]
     write_checkpoint(tmp_path / "ckpt", hf_config("qwen2"), {n: a for n, a in weights.items() if n not in gone})
-    result = run_cli("model", "import", str(tmp_path / "ckpt"), str(tmp_path / "out"))
-    line = assert_one_line_error(result, f"missing {len(gone)} tensor(s)", "model.layers.0.self_attn.q_proj.bias")
+    result = cli(capsys, "model", "import", tmp_path / "ckpt", tmp_path / "out")
+    line = one_line_error(result, f"missing {len(gone)} tensor(s)", "model.layers.0.self_attn.q_proj.bias")
     assert "... (" not in line  # 5 names: all listed
     many = [n for n in weights if ".layers." in n]
     write_checkpoint(tmp_path / "few", hf_config("llama"), {n: a for n, a in weights.items() if n not in many})
@@ -310,18 +328,16 @@ def test_a_large_import_streams_its_tensors_to_a_data_file(tmp_path: Path, monke
     assert_batch_invariant(import_checkpoint(tmp_path / "ckpt", tmp_path / "int8"))
 
 
-def test_bits_and_block_sizes_are_checked(tmp_path: Path) -> None:
+def test_bits_and_block_sizes_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_checkpoint(tmp_path / "ckpt", hf_config("llama"), hf_weights(SHAPE))
-    result = run_cli(
-        "model", "import", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--bits", "4", "--block-size", "64"
-    )
-    assert_one_line_error(result, "int4 weights decode batch-invariantly only in blocks of 16, 32")
-    result = run_cli("model", "import", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--fp32", "--block-size", "row")
-    assert_one_line_error(result, "--block-size is for quantized imports")
-    result = run_cli("model", "import", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--block-size", "row")
-    assert result.returncode == 0, result.stderr
+    command = ("model", "import", tmp_path / "ckpt", tmp_path / "out")
+    result = cli(capsys, *command, "--bits", "4", "--block-size", "64")
+    one_line_error(result, "int4 weights decode batch-invariantly only in blocks of 16, 32")
+    one_line_error(cli(capsys, *command, "--fp32", "--block-size", "row"), "--block-size is for quantized imports")
+    status, out, err = cli(capsys, *command, "--block-size", "row")
+    assert status == 0, err
     assert read_config(tmp_path / "out").extra["quantization"]["scheme"] == "rows_int8"
-    assert "SERVICE_MODEL=" in result.stdout
+    assert "SERVICE_MODEL=" in out and "importing: 100%" in err  # the progress bar
 
 
 def test_the_served_context_is_capped(tmp_path: Path) -> None:
@@ -378,16 +394,18 @@ def test_service_model_names_a_checkpoint_it_cannot_import(tmp_path: Path) -> No
         resolve_model_dir(settings)
 
 
-def test_a_gpt_oss_checkpoint_is_imported_through_the_same_command(tmp_path: Path) -> None:
+def test_a_gpt_oss_checkpoint_is_imported_through_the_same_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """model_type gpt_oss goes to importers/gpt_oss.py (its own tests: tests/test_import_gptoss.py), 4-bit experts
     by default, with the same `source` record."""
     from tests.test_import_gptoss import TINY, write_mxfp4_checkpoint
 
     src = write_mxfp4_checkpoint(tmp_path / "gpt-oss-tiny", TINY)
-    result = run_cli("model", "import", str(src), str(tmp_path / "out"), "--block-size", "32")
-    assert_one_line_error(result, "--block-size and --max-context are for dense checkpoints")
-    result = run_cli("model", "import", str(src), str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = cli(capsys, "model", "import", src, tmp_path / "out", "--block-size", "32")
+    one_line_error(result, "--block-size and --max-context are for dense checkpoints")
+    status, _, err = cli(capsys, "model", "import", src, tmp_path / "out")
+    assert status == 0, err[-2000:]
     meta = read_config(tmp_path / "out")
     assert meta.extra["quantization"]["expert_bits"] == 4
     assert meta.extra["source"]["model_type"] == "gpt_oss" and meta.extra["source"]["dtypes"]["U8"] > 0
