@@ -195,6 +195,8 @@ def test_the_import_records_its_source_and_carries_the_tokenizer(tmp_path: Path)
         assert source["sha256"] == ckpt.content_hash()
     info = model_info(out)
     assert info["source"] == source and info["parameters"] == source["parameters"]
+    with pytest.raises(ModelDirError, match="is a Hugging Face checkpoint, not a model directory: `python -m service"):
+        model_info(src)
     assert info["decoding"]["batch_invariant"] is True
 
 

@@ -13,6 +13,7 @@ import onnxruntime as ort
 from service.engine.config import read_config
 from service.engine.cpu import CpuFeatures, cpu_features
 from service.engine.info_moe import describe_moe, logical_parameters
+from service.engine.model_dir import is_checkpoint_dir
 from service.engine.model_files import ModelDirError, find_model_file
 
 _REPORTED_OPS = (
@@ -37,6 +38,11 @@ _REPORTED_OPS = (
 
 def model_info(model_dir: Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
+    if is_checkpoint_dir(model_dir):
+        raise ModelDirError(
+            f"{model_dir} is a Hugging Face checkpoint, not a model directory: `python -m service model import` it "
+            "(or serve it with SERVICE_MODEL, which imports it into the model cache)"
+        )
     path = find_model_file(model_dir)
     meta = read_config(model_dir)
     try:
@@ -57,7 +63,7 @@ def model_info(model_dir: Path) -> dict[str, Any]:
         extra = {"mixture_of_experts": moe, "active_parameters": total - idle}
     source = meta.extra.get("source")
     if isinstance(source, dict):  # imported from a checkpoint (`model import`): what it was, counted there
-        parameters = int(source.get("parameters") or parameters or 0) or parameters
+        parameters = source.get("parameters", parameters)
         extra["source"] = source
     return {
         "path": str(model_dir),
