@@ -1,5 +1,9 @@
 """Pure folds over the log: no I/O. `project` turns a response's client events into the
-Response object a client GETs; `output_items` lists its finished output items."""
+Response object a client GETs; `finished_output` lists its finished output items.
+
+It folds the events as the log holds them (dicts, the dumps of service/protocol/events.py's models): an
+item is copied whole from `output_item.added`/`.done`, and each delta extends the field its event's model
+names (`_APPENDS`)."""
 
 from __future__ import annotations
 
@@ -8,10 +12,26 @@ from collections.abc import Iterable
 from typing import Any
 
 from service.protocol import TERMINAL_EVENT_TYPES
+from service.protocol.events import (
+    CodeInterpreterCodeDeltaEvent,
+    CustomToolCallInputDeltaEvent,
+    FunctionCallArgumentsDeltaEvent,
+    McpCallArgumentsDeltaEvent,
+    OutputTextDeltaEvent,
+    ReasoningTextDeltaEvent,
+    event_types,
+)
 
 Event = dict[str, Any]
 
-_TEXT_DELTAS = {"response.output_text.delta", "response.reasoning_text.delta"}
+# Deltas of a content part's text (with its logprobs, if any).
+_TEXT_DELTAS = event_types(OutputTextDeltaEvent, ReasoningTextDeltaEvent)
+# Deltas of an item's own field: the event type -> the field its delta extends.
+_APPENDS: dict[str, str] = {
+    **dict.fromkeys(event_types(FunctionCallArgumentsDeltaEvent, McpCallArgumentsDeltaEvent), "arguments"),
+    **dict.fromkeys(event_types(CustomToolCallInputDeltaEvent), "input"),
+    **dict.fromkeys(event_types(CodeInterpreterCodeDeltaEvent), "code"),
+}
 
 
 def project(events: Iterable[Event], base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -53,14 +73,8 @@ def apply(response: dict[str, Any] | None, event: Event) -> dict[str, Any]:
         output[event["output_index"]].setdefault("summary", []).append(copy.deepcopy(event["part"]))
     elif kind == "response.reasoning_summary_text.delta":
         output[event["output_index"]]["summary"][event["summary_index"]]["text"] += event["delta"]
-    elif kind == "response.function_call_arguments.delta":
-        output[event["output_index"]]["arguments"] += event["delta"]
-    elif kind == "response.custom_tool_call_input.delta":
-        output[event["output_index"]]["input"] += event["delta"]
-    elif kind == "response.mcp_call_arguments.delta":
-        output[event["output_index"]]["arguments"] += event["delta"]
-    elif kind == "response.code_interpreter_call_code.delta":
-        output[event["output_index"]]["code"] += event["delta"]
+    elif kind in _APPENDS:
+        output[event["output_index"]][_APPENDS[kind]] += event["delta"]
     return response
 
 

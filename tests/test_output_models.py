@@ -8,14 +8,21 @@ Responses' where the run holds only what that spec defines (no tool items of its
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import jsonschema
 import pytest
+from pydantic import Field, TypeAdapter
 
+from service.http.openapi import openapi_document
 from service.prompting.base import ItemDelta, ItemEnded, ItemStarted
 from service.protocol import initial_response, parse_create_request
+from service.protocol.events import AnyStreamEvent, ResponseLifecycleEvent
+from service.protocol.output import FunctionCall, ShellAction
+from service.protocol.response_object import ResponseObject
 from service.store.event_codec import encode_event
 from service.stream_builder import StreamBuilder
 
@@ -232,6 +239,10 @@ def sent(events: Events) -> list[str]:
     return [encode_event(RESPONSE_ID, event).sent for event in events]
 
 
+def _json(event: dict[str, Any]) -> str:
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+
 def golden() -> dict[str, list[str]]:
     runs: dict[str, list[str]] = {}
     for line in GOLDEN.read_text(encoding="utf-8").split("\n"):
@@ -272,3 +283,33 @@ def test_events_conform_to_openai_and_open_responses(name: str) -> None:
         OPENAI_EVENT.validate_json(event, strict=True)
         if name not in OPENAI_ONLY_RUNS:
             assert_event_conforms(event)
+
+
+# The typed models are the shape: each event the builder sends is its model's dump, key for key.
+EVENT: TypeAdapter[Any] = TypeAdapter(Annotated[AnyStreamEvent, Field(discriminator="type")])
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_each_event_is_its_model_s_dump(name: str) -> None:
+    for raw in golden()[name]:
+        event = EVENT.validate_json(raw)
+        assert _json(event.model_dump()) == raw
+        if isinstance(event, ResponseLifecycleEvent):
+            ResponseObject.model_validate(event.response)
+            assert list(event.response) == list(ResponseObject.model_fields)  # the Response's keys, in order
+
+
+def test_the_openapi_document_describes_every_event() -> None:
+    document = openapi_document()
+    schema = {"$ref": "#/components/schemas/StreamEvent/properties/event", "components": document["components"]}
+    validator = jsonschema.Draft202012Validator(schema)
+    for name in RUNS:
+        for raw in golden()[name]:
+            validator.validate(json.loads(raw))
+
+
+def test_omitted_fields_are_left_out_only_while_none() -> None:
+    call = FunctionCall(id="fc_1", type="function_call", call_id="c", name="f", arguments="{}")
+    assert "namespace" not in call.model_dump()
+    assert call.model_copy(update={"namespace": "ns"}).model_dump()["namespace"] == "ns"
+    assert list(ShellAction(commands=[], max_output_length=5).model_dump()) == ["commands", "max_output_length"]

@@ -1,5 +1,6 @@
 """Output items of server-side tool calls (`mcp_call`, `mcp_approval_request`, `code_interpreter_call`,
-`mcp_list_tools`): which call the model addressed, and the items' shapes (the official SDK's types).
+`mcp_list_tools`): which call the model addressed, and the items as they start (typed by
+service/protocol/output.py, the official SDK's shapes).
 
 The model addresses an MCP tool as `SERVER_LABEL.NAME` and the code interpreter as `python`; function
 tools keep their bare names (a function name cannot contain a dot), so the recipient alone decides.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from service.protocol.output import CodeInterpreterCall, McpApprovalRequest, McpCall, McpCallError, McpListTools
 from service.tools.registry import approval_required
 
 PYTHON = "python"
@@ -71,38 +73,45 @@ def container_id(response_id: str, tools: list[dict[str, Any]]) -> str:
     return named[1] if named is not None else auto_container_id(response_id)
 
 
-def new_item(call: ServerCall, item_id: str, response_id: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+def new_item(
+    call: ServerCall, item_id: str, response_id: str, tools: list[dict[str, Any]]
+) -> McpCall | McpApprovalRequest | CodeInterpreterCall:
     if call.kind == "code_interpreter_call":
-        return {
-            "id": item_id,
-            "type": "code_interpreter_call",
-            "status": "in_progress",
-            "code": "",
-            "container_id": container_id(response_id, tools),
-            "outputs": None,
-        }
-    item: dict[str, Any] = {
-        "id": item_id,
-        "type": call.kind,
-        "server_label": call.namespace,
-        "name": call.name,
-        "arguments": "",
-    }
-    if call.kind == "mcp_call":
-        item.update(status="in_progress", output=None, error=None, approval_request_id=None)
-    return item
+        return CodeInterpreterCall(
+            id=item_id,
+            type="code_interpreter_call",
+            status="in_progress",
+            code="",
+            container_id=container_id(response_id, tools),
+            outputs=None,
+        )
+    if call.kind == "mcp_approval_request":
+        return McpApprovalRequest(
+            id=item_id, type="mcp_approval_request", server_label=call.namespace, name=call.name, arguments=""
+        )
+    return McpCall(
+        id=item_id,
+        type="mcp_call",
+        server_label=call.namespace,
+        name=call.name,
+        arguments="",
+        status="in_progress",
+        output=None,
+        error=None,
+        approval_request_id=None,
+    )
 
 
-def mcp_error(message: str) -> dict[str, Any]:
+def mcp_error(message: str) -> McpCallError:
     """An MCP call's `error` in the SDK's shape (McpToolCallError)."""
-    return {"type": "mcp_protocol_error", "code": -32000, "message": message}
+    return McpCallError(type="mcp_protocol_error", code=-32000, message=message)
 
 
-def list_tools_item(item_id: str, listed: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "mcp_list_tools",
-        "server_label": listed["server_label"],
-        "tools": listed.get("tools") or [],
-        "error": listed.get("error"),
-    }
+def list_tools_item(item_id: str, listed: dict[str, Any]) -> McpListTools:
+    return McpListTools(
+        id=item_id,
+        type="mcp_list_tools",
+        server_label=listed["server_label"],
+        tools=listed.get("tools") or [],
+        error=listed.get("error"),
+    )

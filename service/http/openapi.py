@@ -1,5 +1,7 @@
 """`GET /openapi.json`: what the server accepts and returns, generated from the pydantic models
-(the create request as validated, the objects as returned), in OpenAI's shapes."""
+(the create request as validated; the Response object, its items and stream events from the models the
+server builds them from, service/protocol/output.py, events.py and response_object.py; the HTTP envelopes
+of openapi_models.py), in OpenAI's shapes."""
 
 from __future__ import annotations
 
@@ -18,13 +20,15 @@ from service.http import container_routes as containers
 from service.http import openapi_models as m
 from service.http.include_view import INCLUDES
 from service.protocol import CreateResponseRequest
+from service.protocol.events import StreamEvent
+from service.protocol.response_object import ResponseObject
 
 _REF = "#/components/schemas/{model}"
 _MODELS: list[type[BaseModel]] = [
     CreateResponseRequest,
     CompactRequest,
     m.CompactedResponse,
-    m.ResponseObject,
+    ResponseObject,
     m.DeletedResponse,
     m.InputItemList,
     m.Model,
@@ -32,7 +36,7 @@ _MODELS: list[type[BaseModel]] = [
     m.ErrorResponse,
     m.Health,
     m.Ready,
-    m.StreamEvent,
+    StreamEvent,
     CreateConversationRequest,
     UpdateConversationRequest,
     AddItemsRequest,
@@ -76,7 +80,7 @@ _SSE_EVENT = {
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
-            "contentSchema": {"$ref": _REF.format(model="StreamEvent") + "/properties/event"},
+            "contentSchema": {"$ref": _REF.format(model=StreamEvent.__name__) + "/properties/event"},
         },
     },
 }
@@ -95,7 +99,7 @@ def _operation(operation_id: str, summary: str, ok: dict[str, Any], **extra: Any
 
 
 def _paths() -> dict[str, Any]:
-    response = _json(m.ResponseObject, "The Response object")
+    response = _json(ResponseObject, "The Response object")
     stream = {"text/event-stream": {"schema": _SSE_EVENT}}
     either = {"description": "The Response, or its events if stream=true", "content": {**response["content"], **stream}}
     body = {"required": True, "content": {"application/json": {"schema": _ref(CreateResponseRequest)}}}
