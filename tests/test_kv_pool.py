@@ -7,7 +7,7 @@ import resource
 
 import numpy as np
 
-from service.engine.onnx_engine import _lazy_zeros, _SlotPool
+from service.engine.kv_pool import SlotPool, lazy_zeros
 
 PAGE = resource.getpagesize()
 
@@ -19,7 +19,7 @@ def _resident_bytes() -> int:
 
 def test_a_lazy_array_is_zero_and_costs_memory_only_where_written() -> None:
     before = _resident_bytes()
-    arr = _lazy_zeros((64, 2, 4096, 64), np.dtype(np.float32))  # 128 MiB of address space
+    arr = lazy_zeros((64, 2, 4096, 64), np.dtype(np.float32))  # 128 MiB of address space
     assert arr.flags.writeable and arr.nbytes == 128 << 20
     arr[3, :, :10] = 1.5
     assert float(arr[3, 1, 9, 63]) == 1.5 and not arr[3, :, 10:20].any() and not arr[63].any()
@@ -27,7 +27,7 @@ def test_a_lazy_array_is_zero_and_costs_memory_only_where_written() -> None:
 
 
 def test_growing_the_pool_keeps_each_live_slots_rows() -> None:
-    pool = _SlotPool([(2, 256, 8)] * 4, np.float32)
+    pool = SlotPool([(2, 256, 8)] * 4, np.float32)
     pool.ensure(2, [])
     rng = np.random.default_rng(0)
     filled = {0: 17, 1: 200}
