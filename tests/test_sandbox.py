@@ -21,7 +21,8 @@ from service.tools.base import ToolResult
 from service.tools.code_interpreter import CodeInterpreter
 from service.tools.fair_gate import FairGate
 from service.tools.registry import ToolRegistry
-from service.tools.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable
+from service.tools.sandbox import Sandbox, SandboxResult, SandboxUnavailable
+from service.tools.sandbox_command import SandboxLimits
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024

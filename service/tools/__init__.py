@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 
 from service.config import Settings
-from service.tools.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
+from service.tools.sandbox import Sandbox, SandboxUnavailable
+from service.tools.sandbox_command import SandboxLimits
 
 log = logging.getLogger(__name__)
 
