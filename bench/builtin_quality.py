@@ -30,7 +30,8 @@ from service.engine.base import SamplingParams
 from service.engine.model_dir import BUILTIN_MANIFEST, ensure_builtin_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting.harmony import HarmonyFormat
-from service.training.corpus import Renderer, Sample, make_samples
+from service.training.corpus import Renderer, make_samples
+from service.training.sample import Sample
 
 HELD_OUT_SEED = 424242  # the training corpus uses TrainConfig.seed (1)
 

@@ -20,7 +20,8 @@ from service.engine.onnx_engine import OnnxEngine
 from service.engine.sampling import bitmask_to_bool
 from service.prompting.base import ItemStarted
 from service.training.config import TrainConfig
-from service.training.corpus import Renderer, make_drills, make_repeats, make_samples
+from service.training.corpus import Renderer, make_samples
+from service.training.drills import make_drills, make_repeats
 from service.training.stats import number_tokens, rarest_token_counts, salient_number_counts
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None

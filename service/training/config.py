@@ -29,10 +29,10 @@ class TrainConfig:
     # and the final answer). 1.0 (off) trains every completion token alike: the shipped model's loss.
     # 8.0 was tried once (docs/models.md, model card): tool value 44.6% vs 41.5%, tool decision 82.0% vs 87.3%.
     copy_weight: float = 1.0
-    # Copy drills added to the corpus (corpus.make_drills: lookups in a user turn, after-tool contrast
+    # Copy drills added to the corpus (drills.make_drills: lookups in a user turn, after-tool contrast
     # pairs), drawn from their own seed; 0 trains on the corpus alone.
     drills: int = 0
-    # Repeat drills (corpus.make_repeats: random numbers listed, then repeated back in order): short
+    # Repeat drills (drills.make_repeats: random numbers listed, then repeated back in order): short
     # samples that train the continuation copy of multi-token numbers; 0 trains without them.
     repeats: int = 0
     # Train the output head tied to the input embedding (one table). The exported model stays untied (the

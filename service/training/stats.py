@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from service.prompting.vocab import load_harmony
-from service.training.corpus import Sample, make_samples
+from service.training.corpus import make_samples
+from service.training.sample import Sample
 
 
 def number_tokens(value: str) -> list[int]:

@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from service.engine.config import DecoderConfig
 from service.training.config import TrainConfig
-from service.training.corpus import Renderer, make_drills, make_repeats, make_samples
+from service.training.corpus import Renderer, make_samples
+from service.training.drills import make_drills, make_repeats
 from service.training.model import Decoder
 
 DRILL_SEED_OFFSET = 1_000_003  # the drills' seed: far from the held-out seed (424242) and the corpus's
