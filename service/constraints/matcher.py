@@ -63,10 +63,6 @@ class GrammarMatcher:
             self._mask = words
         return self._mask
 
-    def is_complete(self) -> bool:
-        """The body so far is a whole sentence of the grammar (a terminator may follow)."""
-        return self._matcher.is_accepting()
-
 
 def _allows(words: np.ndarray, token_id: int) -> bool:
     word, bit = divmod(token_id, 32)

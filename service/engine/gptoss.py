@@ -96,11 +96,6 @@ class GptOssSpec:
         return self.active_parameters(c) + c.num_layers * per_expert_layer + c.vocab_size * h
 
 
-def rope_theta_hf(d: dict[str, Any]) -> float:
-    rope = d.get("rope_parameters") or {}
-    return float(rope.get("rope_theta") or d.get("rope_theta") or 150000.0)
-
-
 def yarn_inv_freq(head_dim: int, theta: float, yarn: dict[str, Any] | None) -> tuple[np.ndarray, float]:
     """Inverse frequencies and the attention (cos/sin) scale of YaRN (arXiv 2309.00071), as HF computes them."""
     exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
@@ -217,7 +212,3 @@ def _random_codes(rng: np.random.Generator, shape: tuple[int, int, int], bits: i
     if bits == 4:
         return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
     return codes
-
-
-def check_hf_model_type(d: dict[str, Any]) -> bool:
-    return d.get("model_type") == "gpt_oss" or "num_local_experts" in d

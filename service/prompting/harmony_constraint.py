@@ -108,10 +108,6 @@ class HarmonyVocab:
         self._tries: dict[TrieKey, _TrieNode] = {}
         self.done = _frozen(sorted({self.ret, self.call}))  # only stop tokens once finished
 
-    def header_trie(self, function_names: tuple[str, ...]) -> _TrieNode:
-        """Every header, calls to `function_names` (function tools) included."""
-        return self.trie((tuple((name, False) for name in function_names), True, _FREE))
-
     def trie(self, key: TrieKey) -> _TrieNode:
         """The header trie for (callable tools, may answer, free-text kinds); cached per distinct key."""
         cached = self._tries.get(key)

@@ -26,24 +26,6 @@ UNOFFERED_TOOL_TYPES: dict[str, str] = {
     # Every deferred function is offered up front, so there is nothing for a search to load.
     "tool_search": "tool search (deferred tools are offered up front)",
 }
-# Run by the server (service/tools: MCP client, sandboxed interpreter; service/agent: the agent loop).
-SERVER_TOOL_TYPES: dict[str, str] = {"mcp": "remote MCP servers", "code_interpreter": "the code interpreter"}
-
-
-def unoffered_tool(tools: object) -> tuple[int, str] | None:
-    """The index and message of the first tool in a raw `tools` list this server cannot run."""
-    if not isinstance(tools, list):
-        return None
-    for index, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if not isinstance(kind, str):
-            continue
-        if kind in UNOFFERED_TOOL_TYPES:
-            return index, (
-                f"This server does not offer {UNOFFERED_TOOL_TYPES[kind]} (tool type '{kind}'). "
-                "It calls 'function' and 'custom' tools through the client."
-            )
-    return None
 
 
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]

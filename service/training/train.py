@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -286,7 +286,3 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     }
     log(f"trained {total} steps in {metrics['train_seconds']}s, loss {metrics['final_loss']:.4f}")
     return TrainedModel(cfg, decoder, weights, corpus.vocab_ids, corpus.target_ids, metrics)
-
-
-def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return asdict(cfg)
