@@ -142,7 +142,8 @@ class RunClock:
 def metrics_text() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        collector: Any = multiprocess.MultiProcessCollector  # untyped in prometheus-client
+        collector(registry)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(DEFAULT_REGISTRY), CONTENT_TYPE_LATEST
 
@@ -156,14 +157,14 @@ async def metrics_endpoint(request: Request) -> Response:
     async with state.db.connect() as connection:
         QUEUED_RUNS.set(max(0, await leases.unfinished_runs(connection) - len(state.supervisor.active)))
     SSE_SUBSCRIBERS.set(state.subscribers.total())
+    # This app's engine's figures, 0 where it has no cache or pacer (what a process that never set them reads; the
+    # gauges are the process's, and another app in it, a test's, may have set them).
     cache = getattr(state.supervisor.runtime.engine, "prefix_cache", None)
-    if cache is not None:
-        PREFIX_CACHE_HITS.set(cache.hits)
-        PREFIX_CACHE_TOKENS.set(cache.reused_tokens)
-        PREFIX_CACHE_WARMED.set(cache.warmed_tokens)
+    PREFIX_CACHE_HITS.set(cache.hits if cache is not None else 0)
+    PREFIX_CACHE_TOKENS.set(cache.reused_tokens if cache is not None else 0)
+    PREFIX_CACHE_WARMED.set(cache.warmed_tokens if cache is not None else 0)
     pacer = getattr(state.supervisor.runtime.engine, "prefill_pacer", None)
-    if pacer is not None:
-        PREFILL_PACED_STEPS.set(pacer.paced_steps)
+    PREFILL_PACED_STEPS.set(pacer.paced_steps if pacer is not None else 0)
     body, content_type = metrics_text()
     return Response(body, media_type=content_type)
 
