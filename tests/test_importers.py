@@ -5,6 +5,7 @@ keyed by the checkpoint's content. The transformers comparisons are in tests/tes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -24,9 +25,10 @@ from service.engine.graph_contrib import MS, quantize_blockwise_int4
 from service.engine.importers import import_checkpoint
 from service.engine.importers.checkpoint import Checkpoint
 from service.engine.importers.dense import UnsupportedCheckpoint
-from service.engine.info import model_info
+from service.engine.info import decoding, model_info
 from service.engine.model_dir import HASH_MEMO, ensure_imported_model, is_checkpoint_dir
 from service.engine.model_files import ModelDirError
+from service.engine.onnx_engine import OnnxEngine
 from service.engine.weights import random_weights, reference_forward, rope_tables
 from service.models import resolve_model_dir
 from tests.cli_helpers import assert_one_line_error, run_cli
@@ -218,6 +220,25 @@ def test_int8_and_int4_imports_decode_batched_bit_identically(tmp_path: Path) ->
     if not cpu_features().has_vnni:
         pytest.skip("int4 MatMulNBits is batch-invariant on VNNI CPUs only (measured); this CPU has none")
     assert_batch_invariant(int4)
+
+
+def test_an_int4_import_decodes_one_sequence_at_a_time_without_vnni(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where int4's batch invariance is not measured (no VNNI), the engine does not batch it, as for QMoE int4."""
+    import service.engine.onnx_engine as onnx_engine
+
+    write_checkpoint(tmp_path / "ckpt", hf_config("qwen2"), hf_weights(SHAPE, biases=True))
+    int4 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int4", bits=4)
+    int8 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int8")
+    no_vnni = dataclasses.replace(cpu_features(), avx512_vnni=False, avx_vnni=False, amx_int8=False)
+    monkeypatch.setattr(onnx_engine, "cpu_features", lambda: no_vnni)
+    assert OnnxEngine(int4, intra_op_threads=1, max_batch=16).max_batch == 1
+    assert OnnxEngine(int8, intra_op_threads=1, max_batch=16).max_batch == 16
+    assert decoding(read_config(int4).extra, cpu=no_vnni)["batched"] is False
+    assert (
+        decoding(read_config(int4).extra, cpu=cpu_features()).get("batch_invariant", False) is cpu_features().has_vnni
+    )
 
 
 def test_int4_blocks_dequantize_close_and_rows_do_not_depend_on_the_batch() -> None:

@@ -107,12 +107,11 @@ def decoding(
         }
     scheme = extra.get("quantization") or {}
     kind = scheme.get("scheme")
-    if kind == "matmulnbits_int4" and cpu is not None and not cpu.has_vnni:
+    if kind == "matmulnbits_int4" and cpu is not None and not cpu.int4_experts_batch_invariant:
         return {
-            "batched": True,
-            "batch_invariant": False,
-            "note": "all decoding sequences in one run per token; int4 MatMulNBits was measured batch-invariant on "
-            "VNNI CPUs only (this one has none)",
+            "batched": False,
+            "note": "one sequence per run: int4 MatMulNBits was measured batch-invariant on VNNI CPUs only (this one "
+            "has none), and a resume must reproduce the run bit for bit",
         }
     # Rows never meet in a sum: MatMulNBits at accuracy level 4 quantizes per row block; rows_int8 per row,
     # with exact int32 sums; int4 MatMulNBits likewise in blocks of 16 and 32 (graph_contrib.INT4_BLOCK_SIZES).

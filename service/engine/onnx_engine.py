@@ -103,8 +103,9 @@ class OnnxEngine(PrefixWarming):
         self._slots: list[EngineSequence] = []  # shared-buffer layout: _slots[i].slot == i
         # Largest batch one decode run takes (more active sequences run in several batches). 1 where this
         # CPU's kernels would give a row other bits in a batch than alone, which a resume at batch 1 needs.
-        unbatchable = not cpu_features().int4_experts_batch_invariant and 4 in expert_bits(
-            find_model_file(self.model_dir)
+        int4_dense = (meta.extra.get("quantization") or {}).get("bits") == 4  # `model import --bits 4`
+        unbatchable = not cpu_features().int4_experts_batch_invariant and (
+            int4_dense or 4 in expert_bits(find_model_file(self.model_dir))
         )  # the graph is read only on CPUs where it matters
         self.max_batch = 1 if unbatchable else max_batch
         last_only = meta.extra.get("logits") == "last_position"
