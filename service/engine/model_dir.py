@@ -191,7 +191,7 @@ def ensure_imported_model(src: Path, cache_dir: Path | None = None, progress: bo
     with Checkpoint(src) as ckpt:
         digest = ckpt.content_hash(memo)
         bits = default_bits(ckpt.model_type)
-        name = checkpoint_model_id(src, ckpt.config)  # org/name for a Hugging Face cache snapshot
+        name = checkpoint_model_id(src)  # org/name for a Hugging Face cache snapshot
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "checkpoint"
     target = cache / f"imported-{slug}-{digest[:16]}-v{IMPORT_VERSION}-int{bits}"
     if (target / "config.json").exists():

@@ -8,9 +8,10 @@ stay the writers. Every other architecture is refused in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def import_checkpoint(
             raise UnsupportedCheckpoint(f"{src} ({ckpt.architecture}) cannot be imported: {exc}") from None
         note("hashing the checkpoint")
         source = _source(ckpt, hash_memo)
-        extra = {"model_id": checkpoint_model_id(src, ckpt.config), "source": source}
+        extra = {"model_id": checkpoint_model_id(src), "source": source}
         label = "fp32" if bits == 32 else f"int{bits}, block {int8_block_name(block)}"
         note(f"{ckpt.architecture}: {model.config.num_layers} layers, {source['parameters']:,} parameters -> {label}")
         with new_directory(out) as tmp, _tensor_bar(model, enabled=bar):
@@ -106,7 +107,7 @@ def import_checkpoint(
     return out
 
 
-def checkpoint_model_id(src: Path, cfg: dict[str, Any]) -> str:
+def checkpoint_model_id(src: Path) -> str:
     """The model's name: `org/name` for a snapshot in the Hugging Face cache (models--org--name/snapshots/SHA),
     else the directory's name."""
     src = src.resolve()
@@ -144,31 +145,27 @@ def _not_carried(src: Path) -> set[str]:
     return skip
 
 
-class _tensor_bar:  # noqa: N801 - a context manager used like a function
+@contextlib.contextmanager
+def _tensor_bar(model: DenseModel, *, enabled: bool) -> Iterator[None]:
     """A tqdm bar over the tensors the writer reads (each layer's weights are read, quantized and dropped)."""
+    if not enabled:
+        yield
+        return
+    from tqdm import tqdm
 
-    def __init__(self, model: DenseModel, *, enabled: bool) -> None:
-        self.model, self.enabled = model, enabled
-
-    def __enter__(self) -> None:
-        if not self.enabled:
-            return
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=len(self.model.weights), desc="importing", unit="tensor")
-        seen: set[str] = set()  # a tied embedding is read twice (the Gather's table and the head)
+    seen: set[str] = set()  # a tied embedding is read twice (the Gather's table and the head)
+    with tqdm(total=len(model.weights), desc="importing", unit="tensor") as bar:
 
         def read(name: str) -> None:
             if name not in seen:
                 seen.add(name)
-                self.bar.update(1)
+                bar.update(1)
 
-        self.model.weights.on_read = read
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self.bar.close()
-            self.model.weights.on_read = lambda _name: None
+        model.weights.on_read = read
+        try:
+            yield
+        finally:
+            model.weights.on_read = lambda _name: None
 
 
 def _import_gpt_oss(
@@ -190,7 +187,7 @@ def _import_gpt_oss(
     note("hashing the checkpoint")
     source = _source(ckpt, memo)
     path = import_gpt_oss(ckpt.path, out, bits=bits, progress=note)
-    record_source(path, source, model_id=checkpoint_model_id(ckpt.path, ckpt.config))
+    record_source(path, source, model_id=checkpoint_model_id(ckpt.path))
     return path
 
 
