@@ -1,8 +1,8 @@
 """Throughput under load: C concurrent streaming clients through the real server vs the bare engine at batch C.
 
     .venv/bin/python -m bench.http_load [--models tiny,qwen] [--clients 1,4,8,16,32] [--prompt 128] [--new 128]
-        [--threads 2] [--turns 5] [--think 0,2] [--steady-requests 3] [--database-url URL] [--out docs/benchmarks]
-        [--server-env NAME=VALUE ...] [--block-size N]
+        [--threads 2] [--turns 5] [--think 0,2] [--steady-requests 3] [--database-url URL]
+        [--out docs/performance/benchmarks] [--server-env NAME=VALUE ...] [--block-size N]
 
 For each model and each client count C:
   * http (a burst): `python -m service serve` in a subprocess; C clients (httpx, one asyncio task each)
@@ -502,7 +502,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--database-url", default=None)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance" / "benchmarks")
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server")
     parser.add_argument("--turns", type=int, default=5, help="multi-turn part: turns per conversation (0 = skip)")

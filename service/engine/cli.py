@@ -124,7 +124,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
     block_help = (
         f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}), or row: one scale per "
         "weight row and per activation row (MatMulInteger; faster prefill and batched decode). Larger blocks "
-        "decode faster and round more coarsely: see docs/performance.md, int8 block size"
+        "decode faster and round more coarsely: see docs/performance/2026-12-04-int8-block-size.md"
     )
     block_choices = "{" + ",".join(INT8_BLOCK_NAMES) + "}"
     sub = model.add_subparsers(dest="model_command", required=True)

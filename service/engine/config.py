@@ -20,12 +20,12 @@ HARMONY_EOS_ID = 200_002  # <|return|>
 # int8 weights' block along K: 32 by default, as onnxruntime-genai's builder and llama.cpp's Q8_0. The sizes
 # MatMulNBits accepts (a power of two, at least 16). accuracy_level 4 also quantizes the activations in blocks
 # of this size, so larger blocks run faster (fewer scales per dot product) but round more coarsely around an
-# outlier activation: a build option measured in docs/performance.md ("int8 block size"), not the default.
+# outlier activation: a build option measured in docs/performance/2026-12-04-int8-block-size.md, not the default.
 INT8_BLOCK_SIZE = 32
 # Block "row" (0 here): one scale per weight row (output channel) and one per activation row, multiplied by
 # MatMulInteger (MLAS's QGEMM, exact int32 sums) instead of MatMulNBits: a row's result is the same bits at any
-# batch and in any run length, and the QGEMM kernels run prefill and batched decode faster (docs/performance.md,
-# "int8 block size"). Coarser weight scales than blocks, so also a build option.
+# batch and in any run length, and the QGEMM kernels run prefill and batched decode faster
+# (docs/performance/2026-12-04-per-row-int8.md). Coarser weight scales than blocks, so also a build option.
 INT8_PER_ROW = 0
 INT8_BLOCK_SIZES = (INT8_PER_ROW, 16, 32, 64, 128, 256)
 

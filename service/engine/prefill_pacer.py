@@ -16,7 +16,7 @@ boundary gives the same bits, and the fixed chunk grid of other graphs does not 
 
 from __future__ import annotations
 
-# Off by default (SERVICE_PREFILL_STALL_RATIO): a trade, measured in docs/performance.md. With a few streams it
+# Off by default (SERVICE_PREFILL_STALL_RATIO): a trade, measured in docs/configuration.md. With a few streams it
 # roughly halves their longest gaps for ~20% on a newcomer's first token; when newcomers keep waiting (a
 # saturated server), every step then carries its share of prefill and fewer runs decode together.
 DEFAULT_STALL_RATIO = 0.0
