@@ -89,6 +89,7 @@ class Sample:
     seconds: float = 0.0
     ttft: list[float] = field(default_factory=list)  # seconds, one per client
     itl: list[float] = field(default_factory=list)  # seconds, every gap of every client
+    input_tokens: int = 0  # prompt tokens of all C responses (usage; through the server only)
 
     @property
     def tokens_per_second(self) -> float:
@@ -158,17 +159,21 @@ def bare_engine(model: str, model_dir: Path, texts: list[str], new_tokens: int, 
 # -- through the server ------------------------------------------------------------------------------
 
 
-async def _one_client(client: httpx.AsyncClient, url: str, text: str, new_tokens: int, seed: int) -> dict[str, object]:
+async def _one_client(
+    client: httpx.AsyncClient, url: str, text: str, new_tokens: int, seed: int, extra: dict[str, object] | None = None
+) -> dict[str, object]:
+    """`extra`: request fields added to (or replacing) the body's, for another server (bench.side_by_side)."""
     body = {"input": text, "max_output_tokens": new_tokens, "stream": True, "seed": seed, "store": True}
+    body.update(extra or {})
     started = time.perf_counter()
     arrivals: list[float] = []
     chars: list[int] = []
-    output_tokens = 0
+    output_tokens = input_tokens = 0
     status = "unknown"
     async with client.stream("POST", url + "/v1/responses", json=body, timeout=600) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+            if not line.startswith("data: {"):  # other servers may end with "data: [DONE]"
                 continue
             event = json.loads(line[len("data: ") :])
             kind = event["type"]
@@ -177,19 +182,39 @@ async def _one_client(client: httpx.AsyncClient, url: str, text: str, new_tokens
                 chars.append(len(event["delta"]))
             elif kind in ("response.completed", "response.incomplete", "response.failed"):
                 status = event["response"]["status"]
-                output_tokens = int((event["response"].get("usage") or {}).get("output_tokens", 0))
-    return {"started": started, "arrivals": arrivals, "chars": chars, "tokens": output_tokens, "status": status}
+                usage = event["response"].get("usage") or {}
+                output_tokens = int(usage.get("output_tokens", 0))
+                input_tokens = int(usage.get("input_tokens", 0))
+    return {
+        "started": started,
+        "arrivals": arrivals,
+        "chars": chars,
+        "tokens": output_tokens,
+        "input_tokens": input_tokens,
+        "status": status,
+    }
 
 
-async def _clients(url: str, texts: list[str], new_tokens: int) -> list[dict[str, object]]:
+async def _clients(
+    url: str, texts: list[str], new_tokens: int, extra: dict[str, object] | None = None
+) -> list[dict[str, object]]:
     limits = httpx.Limits(max_connections=len(texts) + 4, max_keepalive_connections=len(texts) + 4)
     async with httpx.AsyncClient(limits=limits) as client:
-        return await asyncio.gather(*(_one_client(client, url, t, new_tokens, i) for i, t in enumerate(texts)))
+        return await asyncio.gather(*(_one_client(client, url, t, new_tokens, i, extra) for i, t in enumerate(texts)))
 
 
-def through_server(model: str, url: str, texts: list[str], new_tokens: int) -> Sample:
-    asyncio.run(_clients(url, texts[:1], 2))  # warm-up
-    results = asyncio.run(_clients(url, texts, new_tokens))
+def through_server(
+    model: str,
+    url: str,
+    texts: list[str],
+    new_tokens: int,
+    *,
+    warm: str | None = None,
+    extra: dict[str, object] | None = None,
+) -> Sample:
+    """`warm`: the warm-up request's text (default: the first client's); `extra`: see _one_client."""
+    asyncio.run(_clients(url, [warm] if warm is not None else texts[:1], 2, extra))  # warm-up
+    results = asyncio.run(_clients(url, texts, new_tokens, extra))
     sample = Sample(model, "http", len(texts))
     first = min(float(r["started"]) for r in results)  # type: ignore[arg-type]
     end = first
@@ -200,6 +225,7 @@ def through_server(model: str, url: str, texts: list[str], new_tokens: int) -> S
         sample.ttft.append(arrivals[0] - float(result["started"]))  # type: ignore[arg-type]
         sample.itl.extend(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
         sample.tokens += int(result["tokens"])  # type: ignore[call-overload]
+        sample.input_tokens += int(result["input_tokens"])  # type: ignore[call-overload]
         end = max(end, arrivals[-1])
     sample.seconds = end - first
     return sample
