@@ -21,8 +21,6 @@ SERVICE = Path(__file__).resolve().parents[1] / "service"
 KNOWN_LOOPS: list[frozenset[str]] = [
     # the engine's CLI trains the built-in model and builds the scripted one from the chat formats
     frozenset({"service.engine", "service.prompting", "service.training"}),
-    # the recorder writes the webhook outbox in the terminal transaction; webhooks use the store
-    frozenset({"service.store", "service.webhooks", "service.key_cli", "service.observability"}),
     # the agent loop's move into service/agent/ (in progress: its modules still import the runs and the stream
     # builder that import them)
     frozenset(

@@ -14,9 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import conversations as conversation_store
 from service.store import event_codec, event_log, leases, read_models, token_facts
+from service.store import webhook_outbox as outbox
 from service.store.db import write_transaction
 from service.store.schema import DEFAULT_PROJECT
-from service.webhooks import outbox
 
 
 @dataclass

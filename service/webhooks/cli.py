@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from service.config import Settings
 from service.store.db import create_engine
 from service.store.schema import DEFAULT_PROJECT
+from service.store.webhook_tables import webhook_deliveries
 from service.webhooks import endpoints
 from service.webhooks.delivery import send_test
-from service.webhooks.tables import webhook_deliveries
 
 
 def add_webhook_commands(commands: Any) -> None:

@@ -30,9 +30,9 @@ from service.config import Settings
 from service.observability import WEBHOOK_ATTEMPT_SECONDS, WEBHOOK_BACKLOG_AGE, WEBHOOK_DELIVERIES
 from service.store.db import create_engine
 from service.store.faults import is_transient
+from service.store.webhook_tables import DELIVERED, FAILED, PENDING, webhook_attempts, webhook_deliveries
 from service.tools.mcp import McpAddressPolicy, McpUrlRefused, guarded_http_client
 from service.webhooks import endpoints, signing
-from service.webhooks.tables import DELIVERED, FAILED, PENDING, webhook_attempts, webhook_deliveries
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class DeliveryWorker:
 
 async def send_test(settings: Settings, db: AsyncEngine, endpoint_id: str) -> tuple[int | None, str | None, float]:
     """`webhooks test`: POST one signed sample `response.completed` event now (not through the outbox)."""
-    from service.webhooks.outbox import payload
+    from service.store.webhook_outbox import payload
 
     async with db.connect() as connection:
         endpoint, sealed = await endpoints.get(connection, endpoint_id)

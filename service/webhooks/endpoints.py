@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.store.compaction_state import stored_key
+from service.store.webhook_tables import PENDING, webhook_attempts, webhook_deliveries, webhook_endpoints
 from service.tools.mcp import McpUrlRefused, check_server_url
 from service.webhooks import signing
-from service.webhooks.tables import PENDING, webhook_attempts, webhook_deliveries, webhook_endpoints
 
 EVENT_TYPES = ("response.completed", "response.failed", "response.cancelled", "response.incomplete")
 PURPOSE = b"responses-service webhook signing secret v1"

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.schema import runs
-from service.webhooks.tables import PENDING, webhook_attempts, webhook_deliveries, webhook_endpoints
+from service.store.webhook_tables import PENDING, webhook_attempts, webhook_deliveries, webhook_endpoints
 
 _TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 # A cancelled run ends with `response.incomplete` carrying status "cancelled" (stream_builder).
