@@ -26,7 +26,7 @@ import numpy as np
 
 from service.constraints.tokenizer import _O200K_PATTERN, HARMONY_VOCAB_SIZE, harmony_special_tokens
 from service.engine.config import DecoderConfig
-from service.prompting.vocab import load_harmony
+from service.vocab import load_harmony
 
 BOS, EOS = "<|startoftext|>", "<|return|>"
 PEER_CHAT_TEMPLATE = (

@@ -24,7 +24,7 @@ from service.engine.sampling import bitmask_to_bool
 from service.errors import InvalidRequest
 from service.prompting.harmony import HarmonyFormat
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab, _special_ids
-from service.prompting.vocab import load_harmony
+from service.vocab import load_harmony
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -24,7 +24,7 @@ from service.constraints.compiler import (
 from service.constraints.matcher import GrammarMatcher
 from service.constraints.schema_check import lark_repetition, max_repetition, unproductive_ref
 from service.constraints.tokenizer import harmony_tokenizer
-from service.prompting.vocab import load_harmony
+from service.vocab import load_harmony
 
 
 @pytest.fixture(scope="module")

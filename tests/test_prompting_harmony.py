@@ -34,7 +34,7 @@ from service.prompting.base import (
 )
 from service.prompting.harmony import HarmonyFormat
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint
-from service.prompting.vocab import O200K_SHA256, VocabError, ensure_harmony_vocab
+from service.vocab import O200K_SHA256, VocabError, ensure_harmony_vocab
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -89,7 +89,7 @@ def test_vocab_file_is_verified_and_cached(tmp_path: Path, monkeypatch: pytest.M
 
 def test_vocab_hash_mismatch_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SERVICE_VOCAB_CACHE", str(tmp_path))
-    monkeypatch.setattr("service.prompting.vocab._bundled_gz", lambda: gzip.compress(b"not the vocab"))
+    monkeypatch.setattr("service.vocab._bundled_gz", lambda: gzip.compress(b"not the vocab"))
     with pytest.raises(VocabError, match="SHA-256"):
         ensure_harmony_vocab()
     assert not (tmp_path / "o200k_base.tiktoken").exists()

@@ -22,7 +22,7 @@ from service.engine.base import SamplingParams
 from service.engine.config import read_config
 from service.engine.onnx_engine import OnnxEngine
 from service.engine.scripted import Rule, parse_rules, write_scripted_model
-from service.prompting.vocab import load_harmony
+from service.vocab import load_harmony
 from tests.api_helpers import client_for
 from tests.conftest import ROOT, ServerProcess, server_on_backend
 

@@ -79,7 +79,7 @@ def parse_rules(text: str) -> list[Rule]:
 
 
 def _harmony_tokens(text: str) -> list[int]:
-    from service.prompting.vocab import load_harmony
+    from service.vocab import load_harmony
 
     return list(load_harmony().encode(text, allowed_special="all"))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from service.prompting.vocab import load_harmony
+from service.vocab import load_harmony
 from service.training.corpus import make_samples
 from service.training.sample import Sample
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from service.prompting.vocab import load_harmony
+from service.vocab import load_harmony
 from service.training import words
 
 Output = dict[str, Any]
