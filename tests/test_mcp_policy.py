@@ -15,7 +15,8 @@ import openai
 import pytest
 
 from service.tools import secrets
-from service.tools.mcp import UNREACHABLE, McpAddressPolicy, McpConnector, McpUrlRefused, check_server_url
+from service.tools.mcp import UNREACHABLE, McpConnector
+from service.tools.mcp_policy import McpAddressPolicy, McpUrlRefused, check_server_url
 from service.tools.specs import ServerToolRefused, check_server_tools
 from tests.api_helpers import client_for, raw_events
 from tests.conftest import ServerProcess, free_port

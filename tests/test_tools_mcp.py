@@ -23,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.agent.calls import RESULT, STARTED, PlannedCall, ToolCalls, execute, idempotency_key
 from service.store import event_log
 from service.tools import secrets
-from service.tools.mcp import IDEMPOTENCY_META_KEY, UNREACHABLE, McpConnector, McpUrlRefused, check_server_url
+from service.tools.mcp import IDEMPOTENCY_META_KEY, UNREACHABLE, McpConnector
+from service.tools.mcp_policy import McpUrlRefused, check_server_url
 from service.tools.registry import (
     McpServerTool,
     ToolNotOffered,

@@ -21,7 +21,7 @@ from openai import OpenAI
 
 from service.config import Settings
 from service.store import webhook_outbox as outbox
-from service.tools.mcp import McpUrlRefused
+from service.tools.mcp_policy import McpUrlRefused
 from service.webhooks import delivery, signing
 from tests.api_helpers import client_for, sql_rows, wait_until_terminal
 from tests.cli_helpers import assert_one_line_error, run_cli

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.tools import secrets
-from service.tools.mcp import McpUrlRefused, check_server_url
+from service.tools.mcp_policy import McpUrlRefused, check_server_url
 
 # An HTTP field name (RFC 9110 token), and a value of printable ASCII: CR/LF would split the request, and the
 # HTTP client refuses other control characters (NUL, DEL, ...) and non-ASCII, with an error quoting the value.

@@ -31,7 +31,7 @@ from service.observability import WEBHOOK_ATTEMPT_SECONDS, WEBHOOK_BACKLOG_AGE, 
 from service.store.db import create_engine
 from service.store.faults import is_transient
 from service.store.webhook_tables import DELIVERED, FAILED, PENDING, webhook_attempts, webhook_deliveries
-from service.tools.mcp import McpAddressPolicy, McpUrlRefused, guarded_http_client
+from service.tools.mcp_policy import McpAddressPolicy, McpUrlRefused, guarded_http_client
 from service.webhooks import endpoints, signing
 
 log = logging.getLogger(__name__)

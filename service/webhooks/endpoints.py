@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.store.compaction_state import stored_key
 from service.store.webhook_tables import PENDING, webhook_attempts, webhook_deliveries, webhook_endpoints
-from service.tools.mcp import McpUrlRefused, check_server_url
+from service.tools.mcp_policy import McpUrlRefused, check_server_url
 from service.webhooks import signing
 
 EVENT_TYPES = ("response.completed", "response.failed", "response.cancelled", "response.incomplete")
