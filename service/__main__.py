@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_webhook_commands(commands)
 
-    from service.engine.cli import add_model_commands
+    from service.model_cli import add_model_commands
 
     add_model_commands(commands)
     args = parser.parse_args(argv)
@@ -91,7 +91,7 @@ def settings_from_env() -> Settings:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "model":
-        from service.engine.cli import run_model_command
+        from service.model_cli import run_model_command
 
         return run_model_command(args)
     settings = settings_from_env()

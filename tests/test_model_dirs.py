@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
-from service.engine.cli import SHAPES, shape_config
+from service.engine.shapes import SHAPES, shape_config
 from service.engine.config import HARMONY_VOCAB_SIZE, DecoderConfig, ModelMeta, read_config, write_config
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer

@@ -1,123 +1,22 @@
-"""`model ...` subcommands for the service CLI."""
+"""`model ...` subcommands for the service CLI: build, quantize, import and inspect models (service/engine/ does
+the work; this module only parses and reports, so the engine never imports the trainer it also offers)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
-from service.engine.config import (
-    HARMONY_BOS_ID,
-    HARMONY_EOS_ID,
-    HARMONY_VOCAB_SIZE,
-    INT8_BLOCK_NAMES,
-    INT8_BLOCK_SIZE,
-    DecoderConfig,
-    parse_int8_block,
-    read_config,
-)
-from service.engine.gptoss import FULL, SLIDING, GptOssSpec
+from service.engine.config import INT8_BLOCK_NAMES, INT8_BLOCK_SIZE, DecoderConfig, parse_int8_block, read_config
+from service.engine.gptoss import GptOssSpec
+from service.engine.shapes import GPTOSS_SHAPES, SHAPES, alternating_layers, shape_config
 
 # Each command imports what writes or reads graphs (onnx, the builders) when it runs: every other
 # command of the CLI, `serve` included, starts without them.
 
-# Known architectures, with the vocabulary size of the original model ("native"); build-random puts
-# them on the Harmony vocabulary by default so that what it writes can be served as it is.
-SHAPES: dict[str, DecoderConfig] = {
-    "qwen2.5-0.5b": DecoderConfig(
-        vocab_size=151_936,
-        hidden_size=896,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        head_dim=64,
-        intermediate_size=4864,
-        max_position=4096,
-        rope_theta=1_000_000.0,
-        tie_embeddings=True,
-    ),
-    "tiny": DecoderConfig(
-        vocab_size=4096,
-        hidden_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=384,
-        max_position=2048,
-    ),
-}
 
-_GPTOSS_YARN = {
-    "factor": 32.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "original_max_position_embeddings": 4096,
-    "truncate": False,
-}
-
-
-def _alternating(layers: int) -> tuple[str, ...]:
-    return tuple(SLIDING if i % 2 == 0 else FULL for i in range(layers))
-
-
-# gpt-oss shapes: the decoder (intermediate_size = one expert's) and the MoE/attention extras.
-# Harmony's vocabulary and special tokens, so the service's Harmony renderer drives them.
-GPTOSS_SHAPES: dict[str, tuple[DecoderConfig, GptOssSpec]] = {
-    "gpt-oss-20b": (
-        DecoderConfig(
-            vocab_size=201_088,
-            hidden_size=2880,
-            num_layers=24,
-            num_heads=64,
-            num_kv_heads=8,
-            head_dim=64,
-            intermediate_size=2880,
-            max_position=4096,
-            rope_theta=150_000.0,
-            rms_norm_eps=1e-5,
-            tie_embeddings=False,
-            bos_token_id=199998,
-            eos_token_id=200002,
-        ),
-        GptOssSpec(32, 4, 128, _alternating(24), yarn=_GPTOSS_YARN, expert_bits=4),
-    ),
-    "gpt-oss-tiny": (
-        DecoderConfig(
-            vocab_size=201_088,
-            hidden_size=64,
-            num_layers=4,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=32,
-            intermediate_size=64,
-            max_position=1024,
-            rope_theta=150_000.0,
-            rms_norm_eps=1e-5,
-            tie_embeddings=False,
-            bos_token_id=199998,
-            eos_token_id=200002,
-        ),
-        GptOssSpec(8, 2, 16, _alternating(4), yarn=_GPTOSS_YARN, expert_bits=4),
-    ),
-}
-
-
-def shape_config(shape: str, vocab: str = "harmony") -> DecoderConfig:
-    """A shape on the Harmony vocabulary ("harmony"), or with its original vocabulary size ("native")."""
-    config = SHAPES[shape]
-    if vocab == "native":
-        return config
-    if vocab != "harmony":
-        raise ValueError(f"unknown vocabulary {vocab!r}")
-    return dataclasses.replace(
-        config, vocab_size=HARMONY_VOCAB_SIZE, bos_token_id=HARMONY_BOS_ID, eos_token_id=HARMONY_EOS_ID
-    )
-
-
-def add_model_commands(subparsers: argparse._SubParsersAction) -> None:
+def add_model_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `model {build-default,quantize,import,info,build-random,build-scripted}` to a parent parser's
     subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
@@ -339,7 +238,8 @@ def _build_random_gptoss(args: argparse.Namespace) -> Path:
     config, spec = GPTOSS_SHAPES[args.shape]
     layers = args.layers or config.num_layers
     config = DecoderConfig(**{**config.to_dict(), "num_layers": layers})
-    spec = GptOssSpec(**{**spec.__dict__, "layer_types": _alternating(layers), "expert_bits": args.expert_bits or 4})
+    layer_types = alternating_layers(layers)
+    spec = GptOssSpec(**{**spec.__dict__, "layer_types": layer_types, "expert_bits": args.expert_bits or 4})
     print("weights + graph")
     weights = random_gptoss_weights(config, spec, args.seed, expert_codes=True)
     extra = {"model_id": f"random-{args.shape}", "chat_format": "harmony", "seed": args.seed}
