@@ -29,9 +29,9 @@ from service.prompting.harmony_constraint import HarmonyHeaderConstraint, Harmon
 from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputParser
 from service.prompting.harmony_render import BoundedRenderer
 from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages
-from service.vocab import load_harmony
 from service.protocol.client_tools import as_function_item
 from service.protocol.items import unseen_part_text
+from service.vocab import load_harmony
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 # We drop earlier turns' reasoning ourselves (see drop_earlier_reasoning), so tell harmony not to.

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from service.vocab import load_harmony
 from service.training.corpus import make_samples
 from service.training.sample import Sample
+from service.vocab import load_harmony
 
 
 def number_tokens(value: str) -> list[int]:

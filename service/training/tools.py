@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from service.vocab import load_harmony
 from service.training import words
+from service.vocab import load_harmony
 
 Output = dict[str, Any]
 
