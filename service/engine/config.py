@@ -152,29 +152,6 @@ class ModelMeta:
         return json.dumps(self.as_dict(), indent=2, sort_keys=True) + "\n"
 
 
-GENAI_CONFIG_FILE = "genai_config.json"
-
-
-def _from_genai(genai: dict[str, Any]) -> dict[str, Any]:
-    """An onnxruntime-genai export without config.json: its genai_config.json, in HF-style keys."""
-    model = genai["model"]
-    dec = model["decoder"]
-    return {
-        "vocab_size": model["vocab_size"],
-        "hidden_size": dec["hidden_size"],
-        "num_hidden_layers": dec["num_hidden_layers"],
-        "num_attention_heads": dec["num_attention_heads"],
-        "num_key_value_heads": dec["num_key_value_heads"],
-        "head_dim": dec["head_size"],
-        "intermediate_size": 0,  # not recorded by the builder; the engine does not need it
-        "max_position_embeddings": model["context_length"],
-        "bos_token_id": model.get("bos_token_id"),
-        "eos_token_id": model.get("eos_token_id"),
-        "graph": "onnxruntime-genai",
-        "model_type": model.get("type"),
-    }
-
-
 def read_config(model_dir: Path) -> ModelMeta:
     """config.json (ours or HF's); else genai_config.json. Where both exist config.json describes the
     model and genai_config.json adds what only it says (KV buffer sharing, graph input/output names)."""
