@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import struct
 import time
@@ -182,12 +183,16 @@ def write_checkpoint(out: Path, layers: int, seed: int = 0) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
-def import_checkpoint(src: Path, out: Path, bits: int) -> None:
+def import_checkpoint(src: Path, out: Path, bits: int, max_context: int | None) -> None:
     from service.engine.importers.gpt_oss import import_gpt_oss
 
     started = time.perf_counter()
     import_gpt_oss(
-        src, out, bits=bits, progress=lambda msg: print(f"{time.perf_counter() - started:7.1f}s {msg}", flush=True)
+        src,
+        out,
+        bits=bits,
+        max_context=max_context,
+        progress=lambda msg: print(f"{time.perf_counter() - started:7.1f}s {msg}", flush=True),
     )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
@@ -204,23 +209,28 @@ def speed(path: Path, prompt_len: int, new: int, threads: int) -> None:
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(1000, 199_000, prompt_len)]
 
-    def turn(key: str, ids: list[int]) -> tuple[list[int], float, float]:
+    def turn(key: str, ids: list[int]) -> tuple[list[int], dict[str, float]]:
+        """Tokens, and wall and CPU seconds (all threads) of the prefill and of each decoded token."""
         engine.add_sequence(key, ids, SamplingParams(max_new_tokens=new + 1, temperature=0.0))
-        started = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         tokens = [engine.step()[key].token_id]  # the first token comes at the end of the prefill
-        first = time.perf_counter() - started
-        started = time.perf_counter()
+        spent = {"prefill_s": time.perf_counter() - wall, "prefill_cpu_s": time.process_time() - cpu}
+        wall, cpu = time.perf_counter(), time.process_time()
         while engine.active_sequence_ids():
             tokens += [t.token_id for t in engine.step().values()]
-        return tokens, first, (time.perf_counter() - started) / max(1, len(tokens) - 1)
+        decoded = max(1, len(tokens) - 1)
+        spent |= {"decode_s_per_token": (time.perf_counter() - wall) / decoded}
+        spent |= {"decode_cpu_s_per_token": (time.process_time() - cpu) / decoded}
+        return tokens, spent
 
-    reply, prefill_s, per_token = turn("first", prompt)
-    figures |= {"prompt_tokens": prompt_len, "prefill_s": prefill_s, "prefill_tok_s": prompt_len / prefill_s}
-    figures |= {"decode_tokens": len(reply) - 1, "decode_tok_s": 1 / per_token}
+    reply, spent = turn("first", prompt)
+    figures |= {"prompt_tokens": prompt_len, **spent, "prefill_tok_s": prompt_len / spent["prefill_s"]}
+    figures |= {"decode_tokens": len(reply) - 1, "decode_tok_s": 1 / spent["decode_s_per_token"]}
+    figures["load_average"] = os.getloadavg()[0]
     print(json.dumps(figures), flush=True)
     second = prompt + reply + [int(t) for t in rng.integers(1000, 199_000, 32)]
-    _, again_s, _ = turn("second", second)
-    figures |= {"second_turn_tokens": len(second), "second_turn_first_token_s": again_s}
+    _, again = turn("second", second)
+    figures |= {"second_turn_tokens": len(second), "second_turn_prefill_s": again["prefill_s"]}
     figures["prefix_cache"] = engine.prefix_cache is not None
     figures["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     print(json.dumps(figures), flush=True)
@@ -236,6 +246,7 @@ def main() -> None:
     i.add_argument("ckpt", type=Path)
     i.add_argument("out", type=Path)
     i.add_argument("--bits", type=int, default=4)
+    i.add_argument("--max-context", type=int, default=None)
     s = sub.add_parser("speed")
     s.add_argument("model", type=Path)
     s.add_argument("--prompt", type=int, default=6000)
@@ -245,7 +256,7 @@ def main() -> None:
     if args.command == "write":
         write_checkpoint(args.ckpt, args.layers)
     elif args.command == "import":
-        import_checkpoint(args.ckpt, args.out, args.bits)
+        import_checkpoint(args.ckpt, args.out, args.bits, args.max_context)
     else:
         speed(args.model, args.prompt, args.new, args.threads)
 

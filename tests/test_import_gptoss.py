@@ -310,6 +310,19 @@ def test_import_refuses_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
+def test_served_context_and_chat_format_of_the_real_config() -> None:
+    """gpt-oss-20b's config: the Harmony vocabulary (chat_format harmony), 131,072 trained positions served as
+    4,096 unless asked (see importers/gpt_oss.DEFAULT_CONTEXT), the eos list kept."""
+    real = {**TINY, "vocab_size": 201_088, "max_position_embeddings": 131_072, "eos_token_id": [200_002, 199_999]}
+    config, spec, extra = read_gpt_oss_config(real)
+    assert config.max_position == 4096 and extra["trained_context"] == 131_072
+    assert extra["chat_format"] == "harmony" and extra["eos_token_ids"] == [200_002, 199_999]
+    assert spec.yarn is not None and spec.yarn["original_max_position_embeddings"] == 4096
+    assert read_gpt_oss_config(real, max_context=8192)[0].max_position == 8192
+    with pytest.raises(UnsupportedCheckpoint, match="'linear'"):
+        read_gpt_oss_config({**real, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+
+
 def _engine_run(model_dir: Path, prompts: dict[str, list[int]], new: int = NEW_TOKENS) -> dict[str, list[int]]:
     engine = OnnxEngine(model_dir, intra_op_threads=1)
     for key, ids in prompts.items():

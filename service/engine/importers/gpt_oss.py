@@ -42,7 +42,7 @@ import numpy as np
 from service.engine.config import CONFIG_FILE, HARMONY_VOCAB_SIZE, DecoderConfig
 from service.engine.gptoss import EXPERT_BLOCK, FULL, SLIDING, GptOssSpec
 from service.engine.importers.checkpoint import Checkpoint, abbreviated
-from service.engine.importers.dense import DEFAULT_MAX_CONTEXT, UnsupportedCheckpoint
+from service.engine.importers.dense import UnsupportedCheckpoint
 from service.engine.model_files import ModelDirError, copy_support_files, new_directory
 
 Progress = Callable[[str], None]
@@ -55,6 +55,11 @@ FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3,
 _HALF_UNITS = (FP4_VALUES * 2).astype(np.float32)  # integers in [-12, 12]
 BITS = (4, 8, 32)
 _CHUNK = 4096  # blocks converted at once to int4 (the search's temporaries stay in cache)
+# The served context unless asked for another: gpt-oss's own before YaRN (`initial_context_length`). Not the
+# dense families' 32,768: a graph with sliding windows is prefilled in one run, and GroupQueryAttention's scratch
+# on a full-attention layer is heads x prompt x context floats (64 x 6,000 x 32,768 x 4 B = 50 GB, measured); at
+# 4,096 a whole-context prompt needs 4.3 GB beside gpt-oss-20b's 15.7 GB, which fits 24 GiB.
+DEFAULT_CONTEXT = 4096
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx", ".onnx.data")
 # By packed byte (two codes, low nibble first): both values, both int8 codes, and each code's count in a
 # uint64 of eight 8-bit counters (codes 0-7 and 8-15), so a block's histogram is a sum of 16 table entries.
@@ -160,10 +165,13 @@ def _check_scales(blocks: np.ndarray, scales: np.ndarray) -> None:
         raise ValueError("an E8M0 scale is 255 (NaN)")
 
 
-def import_gpt_oss(src_dir: Path, out_dir: Path, *, bits: int, progress: Progress | None = None) -> Path:
+def import_gpt_oss(
+    src_dir: Path, out_dir: Path, *, bits: int, progress: Progress | None = None, max_context: int | None = None
+) -> Path:
     """Import the gpt-oss checkpoint in `src_dir` into the new directory `out_dir` (written beside it and
     renamed into place): model.onnx (+ .data), config.json, and the tokenizer, chat template and generation
-    config copied. `bits`: 4 or 8 (QMoE experts, int8 dense projections) or 32 (unquantized; tests).
+    config copied. `bits`: 4 or 8 (QMoE experts, int8 dense projections) or 32 (unquantized; tests);
+    `max_context`: the served context (default DEFAULT_CONTEXT, at most the checkpoint's).
     ModelDirError (UnsupportedCheckpoint) in one line for what does not fit, missing tensors listed by name."""
     from service.engine.graph_gptoss import write_gptoss_model
 
@@ -172,7 +180,7 @@ def import_gpt_oss(src_dir: Path, out_dir: Path, *, bits: int, progress: Progres
     if bits not in BITS:
         raise ModelDirError(f"gpt-oss imports with bits 4, 8 or 32, not {bits}")
     with Checkpoint(src_dir) as ckpt:
-        config, spec, extra = read_gpt_oss_config(ckpt.config)
+        config, spec, extra = read_gpt_oss_config(ckpt.config, max_context=max_context)
         spec = dataclasses.replace(spec, expert_bits=None if bits == 32 else bits)
         weights = GptOssWeights(ckpt, config, spec, on_layer=lambda i: note(f"layer {i + 1}/{config.num_layers}"))
         extra["expert_conversion"] = weights.conversion
@@ -187,9 +195,11 @@ def import_gpt_oss(src_dir: Path, out_dir: Path, *, bits: int, progress: Progres
     return out_dir
 
 
-def read_gpt_oss_config(cfg: dict[str, Any]) -> tuple[DecoderConfig, GptOssSpec, dict[str, Any]]:
+def read_gpt_oss_config(
+    cfg: dict[str, Any], *, max_context: int | None = None
+) -> tuple[DecoderConfig, GptOssSpec, dict[str, Any]]:
     """The decoder shape, gpt-oss's extras and config.json metadata of a checkpoint's config.json; the served
-    context is the trained one up to dense.DEFAULT_MAX_CONTEXT (each run's KV cache holds that many)."""
+    context is `max_context` (default DEFAULT_CONTEXT), at most the trained one."""
     if cfg.get("model_type") != "gpt_oss":
         raise UnsupportedCheckpoint(f"model_type {cfg.get('model_type')!r} is not gpt_oss")
     method = (cfg.get("quantization_config") or {}).get("quant_method")
@@ -211,7 +221,7 @@ def read_gpt_oss_config(cfg: dict[str, Any]) -> tuple[DecoderConfig, GptOssSpec,
         if size % EXPERT_BLOCK:
             raise UnsupportedCheckpoint(f"{name} {size} is not a multiple of {EXPERT_BLOCK} (QMoE blocks)")
     trained = config.max_position
-    config = dataclasses.replace(config, max_position=min(trained, DEFAULT_MAX_CONTEXT))
+    config = dataclasses.replace(config, max_position=min(trained, max_context or DEFAULT_CONTEXT))
     extra: dict[str, Any] = {}
     if config.max_position < trained:
         extra["trained_context"] = trained
