@@ -63,8 +63,8 @@ import httpx
 
 from bench.http_load import WORDS, Sample, machine, model_dir_for, percentile, through_server
 from service.constraints.tokenizer import HARMONY_VOCAB_SIZE
-from service.engine.shapes import SHAPES
 from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, int8_block_name
+from service.engine.shapes import SHAPES
 from service.vocab import load_harmony
 from tests.conftest import ServerProcess, free_port
 
