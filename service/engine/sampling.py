@@ -196,7 +196,7 @@ def _apply_mask(logits: np.ndarray, allowed: AllowedTokens) -> np.ndarray:
     if allowed.size == 0:
         raise ValueError("constraint allows no token")
     if allowed.size >= _BIAS_CACHE_MIN:
-        return logits + _mask_bias(allowed, logits.shape[0])  # the same values as the copy below, faster
+        return np.asarray(logits + _mask_bias(allowed, logits.shape[0]))  # the same values as the copy below, faster
     masked = np.full_like(logits, -np.inf)
     masked[allowed] = logits[allowed]
     return masked

@@ -86,7 +86,7 @@ def reference_forward(config: DecoderConfig, w: Mapping[str, np.ndarray], input_
     d, g = config.head_dim, config.group_size
 
     def rms(v: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        return v / np.sqrt((v * v).mean(-1, keepdims=True) + config.rms_norm_eps) * weight
+        return np.asarray(v / np.sqrt((v * v).mean(-1, keepdims=True) + config.rms_norm_eps) * weight)
 
     def rope(t: np.ndarray) -> np.ndarray:  # [heads, n, d]
         a, b = t[..., : d // 2], t[..., d // 2 :]
@@ -99,7 +99,7 @@ def reference_forward(config: DecoderConfig, w: Mapping[str, np.ndarray], input_
         y = y.reshape(n, heads, d)
         if p + f"self_attn.{m}_norm.weight" in w:  # Qwen3: RMSNorm over each head's vector
             y = rms(y, w[p + f"self_attn.{m}_norm.weight"])
-        return y.transpose(1, 0, 2)
+        return np.asarray(y.transpose(1, 0, 2))
 
     rows, cols = np.indices((n, n))
     hidden = cols > rows
@@ -125,4 +125,4 @@ def reference_forward(config: DecoderConfig, w: Mapping[str, np.ndarray], input_
         x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
     x = rms(x, w["model.norm.weight"])
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return (x @ head.T).astype(np.float32)
+    return np.asarray(x @ head.T, dtype=np.float32)

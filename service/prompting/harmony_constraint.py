@@ -66,7 +66,7 @@ def _special_ids(encoding: HarmonyEncoding) -> list[int]:
     ids = encoding.encode("".join(names), allowed_special="all")
     if len(ids) != len(names):  # not one id per name: ask each on its own
         ids = [tid for name in names for tid in encoding.encode(name, allowed_special="all")]
-    return ids
+    return [int(tid) for tid in ids]
 
 
 class HarmonyVocab:
@@ -77,7 +77,7 @@ class HarmonyVocab:
 
         def special(name: str) -> int:
             (tid,) = encoding.encode(name, allowed_special="all")
-            return tid
+            return int(tid)
 
         self.start, self.end, self.message = special("<|start|>"), special("<|end|>"), special("<|message|>")
         self.channel, self.call, self.ret = special("<|channel|>"), special("<|call|>"), special("<|return|>")

@@ -178,7 +178,7 @@ class Renderer:
 
         def special(name: str) -> int:
             (tid,) = enc.encode(name, allowed_special="all")
-            return tid
+            return int(tid)
 
         self.start, self.end, self.message = special("<|start|>"), special("<|end|>"), special("<|message|>")
         self.channel, self.call, self.ret = special("<|channel|>"), special("<|call|>"), special("<|return|>")

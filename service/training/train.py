@@ -203,7 +203,7 @@ def _lr(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     t = (step - cfg.warmup) / max(1, total_steps(cfg) - cfg.warmup)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + np.cos(np.pi * min(1.0, t)))
+    return float(cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + np.cos(np.pi * min(1.0, t))))
 
 
 def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None] = print) -> TrainedModel:

@@ -75,7 +75,7 @@ _COUNT_HI = np.array([sum(_ONE << np.uint64(8 * (c - 8)) for c in pair if c >= 8
 def fp4_codes(blocks: np.ndarray) -> np.ndarray:
     """[..., G, 16] packed bytes -> [..., G, 32] codes 0..15, element 2j from the low nibble."""
     blocks = np.asarray(blocks, dtype=np.uint8)
-    return _PAIR_CODES[blocks].reshape(*blocks.shape[:-1], 2 * blocks.shape[-1])
+    return np.asarray(_PAIR_CODES[blocks].reshape(*blocks.shape[:-1], 2 * blocks.shape[-1]))
 
 
 def _powers_of_two(scales: np.ndarray, offset: int) -> np.ndarray:
@@ -88,7 +88,7 @@ def mxfp4_to_float(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     _check_scales(blocks, scales)
     values = _PAIR_VALUES[blocks].reshape(*blocks.shape[:-1], MXFP4_BLOCK)
     values *= _powers_of_two(scales, E8M0_BIAS)[..., None]  # a power of two: exact
-    return values.reshape(*blocks.shape[:-2], -1)
+    return np.asarray(values.reshape(*blocks.shape[:-2], -1))
 
 
 def mxfp4_to_int8(blocks: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
