@@ -26,6 +26,7 @@ from service.conversations.service import Conversations
 from service.errors import InvalidRequest, NotFound
 from service.item_references import resolve_references
 from service.limits import check_runs
+from service.log.facts import ApprovedCall, RequestFact, Sampling, decode_as, fact_data
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.prompting.base import PromptRequest
@@ -42,7 +43,6 @@ from service.protocol.client_tools import as_function_item
 from service.protocol.requests import model_effort, refuse_not_offered
 from service.protocol.tools import McpToolChoice, constraint_choice, model_tools
 from service.runs import RunSupervisor
-from service.runs.state import sampling_fact
 from service.store import leases, read_models, recorder
 from service.store.schema import DEFAULT_PROJECT
 from service.stream_builder import StreamBuilder
@@ -123,25 +123,28 @@ class Commands:
         if conversation_id is not None:
             response["conversation"] = {"id": conversation_id}
         seed = request.seed if request.seed is not None else secrets.randbits(63)
-        fact = {
-            "request": _redacted(request.model_dump(mode="json", exclude_none=True)),
-            "response": response,
-            "prompt_items": prompt_request.items,
-            "instructions": request.instructions,
-            "tools": tools,
-            "constraints": constraints,
-            "reasoning_effort": effort,
-            "prompt_token_ids": prompt_ids,
-            "input_item_count": len(input_items),
-            **({"conversation_id": conversation_id} if conversation_id is not None else {}),
+        fact = RequestFact(
+            request=_redacted(request.model_dump(mode="json", exclude_none=True)),
+            response=response,
+            prompt_items=prompt_request.items,
+            instructions=request.instructions,
+            tools=tools,
+            constraints=constraints,
+            reasoning_effort=effort,
+            prompt_token_ids=prompt_ids,
+            input_item_count=len(input_items),
+            conversation_id=conversation_id,
             # truncation='auto' may have dropped some of them from the prompt: keep them for the projections.
-            **({"input_items": input_items} if prompt_request.items[-len(input_items) :] != input_items else {}),
-            **server_tools.fact_fields(),
-            **({"compaction_item": compaction_item} if compaction_item is not None else {}),
-            "store": request.store,
-            "project": project,  # the owner, in the log, so that a rebuild keeps it
-            "logprobs": wants_logprobs(request),
-            "sampling": sampling_fact(
+            input_items=input_items if prompt_request.items[-len(input_items) :] != input_items else None,
+            mcp_listed=server_tools.listed,
+            approved_call=None if (call := server_tools.approved_call) is None else decode_as(ApprovedCall, call),
+            sealed_secrets=server_tools.sealed,
+            mcp_secret_labels=sorted(server_tools.headers),  # names only: the headers stay in memory
+            compaction_item=compaction_item,
+            store=request.store,
+            project=project,  # the owner, in the log, so that a rebuild keeps it
+            logprobs=wants_logprobs(request),
+            sampling=Sampling(
                 max_new_tokens=max_new,
                 temperature=1.0 if request.temperature is None else request.temperature,
                 top_p=1.0 if request.top_p is None else request.top_p,
@@ -150,7 +153,7 @@ class Commands:
                 frequency_penalty=request.frequency_penalty or 0.0,
                 presence_penalty=request.presence_penalty or 0.0,
             ),
-        }
+        )
         created_event = StreamBuilder(response).created()[0]
         if server_tools.headers:  # in memory for the run; a background run also has them sealed in the fact
             self.supervisor.tool_steps.headers[response_id] = server_tools.headers
@@ -158,7 +161,7 @@ class Commands:
             with metrics.EVENT_APPEND.labels("create").time():
                 await recorder.create_response(
                     self.db,
-                    request_fact=fact,
+                    request_fact=fact_data(fact),
                     created_event=created_event,
                     response=response,
                     input_items=input_items,

@@ -30,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.log.facts import RequestFact, TokensFact, decode_as
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.runs.state import replay_run
@@ -77,7 +78,8 @@ def regenerate(
     chat_format: ChatFormat,
 ) -> list[dict[str, Any]]:
     """Every event of the finished response, regenerated from its request, tokens and terminal event (pure)."""
-    run = replay_run(response_id, request_fact, list(token_facts), [], chat_format, None)
+    tokens = [decode_as(TokensFact, fact) for fact in token_facts]
+    run = replay_run(response_id, decode_as(RequestFact, request_fact), tokens, [], chat_format, None)
     events = run.pending
     ending, error = _ending(terminal)
     try:

@@ -6,12 +6,12 @@ shrinks (bytes of `run_facts` per generated token, measured and printed)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 
 import httpx
 
+from service.log.facts import RequestFact, TokensFact, decode_as
 from service.prompting.harmony import HarmonyFormat
 from service.runs.state import replay_run
 from service.store import event_log
@@ -95,8 +95,8 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
     for rid in ids:
         by_position = "SELECT kind, data FROM run_facts WHERE response_id = :r ORDER BY position"
         facts = sql_rows(database_url, by_position, r=rid)
-        request = next(json.loads(data) for kind, data in facts if kind == "request")
-        tokens = [json.loads(data) for kind, data in facts if kind == "tokens"]
+        request = decode_as(RequestFact, next(data for kind, data in facts if kind == "request"))
+        tokens = [decode_as(TokensFact, data) for kind, data in facts if kind == "tokens"]
         logged = [e.payload() for e in _read_events(database_url, rid)]
         # Everything the tokens produce (all but the events the run's end adds) is logged, event for event.
         regenerated = replay_run(rid, request, tokens, [], fmt, None).pending

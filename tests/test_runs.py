@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from service import stream_archive
 from service.commands import Commands
 from service.config import Settings
+from service.log.facts import RequestFact, decode_as
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import project
@@ -397,7 +398,7 @@ async def test_the_row_keeps_its_snapshots_position_when_later_steps_join_its_wr
     async with harness.db.begin() as connection:
         await connection.execute(sa.text("UPDATE runs SET owner = 'worker-a', lease_expires_at = 1e12"))
         request = next(f.data for f in await event_log.read_facts(connection, rid) if f.kind == "request")
-    run = replay_run(rid, request, [], await _events(harness, rid), CharFormat(), None)
+    run = replay_run(rid, decode_as(RequestFact, request), [], await _events(harness, rid), CharFormat(), None)
 
     def step(write: recorder.RunWrite, *chunks: Any) -> None:
         write.facts.append(("tokens", {"ids": [1]}))

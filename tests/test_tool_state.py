@@ -113,6 +113,7 @@ async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call()
 
     from service.agent.steps import ToolSteps
     from service.config import Settings
+    from service.log.facts import RequestFact, Sampling
     from service.prompting.harmony import HarmonyFormat
     from service.runs.state import ActiveRun
     from service.tools import secrets
@@ -121,9 +122,23 @@ async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call()
     steps = ToolSteps(Settings(secret_key=key), HarmonyFormat())
     spec = {**MCP, "authorization": "sk-x"}
 
-    def run_with(**fact: Any) -> ActiveRun:
+    def run_with(**fields: Any) -> ActiveRun:
         response = {"id": "resp_" + "b" * 48, "tools": [secrets.redact(spec)]}
-        return ActiveRun("resp_" + "b" * 48, {"response": response, **fact}, builder(), None, {}, 0)  # type: ignore[arg-type]
+        sampling = Sampling(max_new_tokens=16, temperature=1.0, top_p=1.0, seed=1, top_logprobs=0)
+        fact = RequestFact(
+            request={},
+            response=response,
+            prompt_items=[],
+            instructions=None,
+            tools=[],
+            reasoning_effort="medium",
+            prompt_token_ids=[],
+            input_item_count=0,
+            store=True,
+            sampling=sampling,
+            **fields,
+        )
+        return ActiveRun("resp_" + "b" * 48, fact, builder(), None, {}, 0)  # type: ignore[arg-type]
 
     held_elsewhere = steps.registry(run_with(mcp_secret_labels=["counter"])).get("counter")
     assert held_elsewhere is not None

@@ -19,6 +19,7 @@ from service.agent.segment import segment_constraint_spec
 from service.config import Settings
 from service.containers import Containers
 from service.engine.base import LogitsConstraint
+from service.log.facts import RequestFact
 from service.prompting import harmony_tools
 from service.prompting.base import ChatFormat, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
@@ -107,17 +108,17 @@ class ToolSteps:
         self.headers: dict[str, dict[str, dict[str, str]]] = {}
 
     def constraint_factory(
-        self, new_constraint: Callable[..., LogitsConstraint | None], fact: dict[str, Any]
+        self, new_constraint: Callable[..., LogitsConstraint | None], fact: RequestFact
     ) -> Callable[[int], LogitsConstraint | None]:
         def make(calls_made: int) -> LogitsConstraint | None:
-            spec = segment_constraint_spec(fact.get("constraints"), calls_made)
+            spec = segment_constraint_spec(fact.constraints, calls_made)
             return new_constraint(prompt_request_from_fact(fact), spec)
 
         return make
 
     def registry(self, run: ActiveRun) -> ToolRegistry:
         registry = ToolRegistry()
-        tools: list[dict[str, Any]] = run.fact["response"].get("tools") or []
+        tools: list[dict[str, Any]] = run.fact.response.get("tools") or []
         for spec in tools:
             if spec.get("type") == "code_interpreter":
                 registry.add("python", self._interpreter(run, container_id(run.response_id, tools)))
@@ -135,7 +136,7 @@ class ToolSteps:
 
     def _interpreter(self, run: ActiveRun, container: str) -> CodeInterpreter:
         """Runs in the container only if it is still the run's project's (checked when the code runs)."""
-        project = str(run.fact.get("project") or DEFAULT_PROJECT)
+        project = run.fact.project or DEFAULT_PROJECT
         containers = self.containers
 
         async def open_container() -> str | None:
@@ -150,10 +151,10 @@ class ToolSteps:
         remembered = self.headers.get(run.response_id, {}).get(label)
         if remembered is not None:
             return remembered
-        sealed = (run.fact.get("sealed_secrets") or {}).get(label)
+        sealed = (run.fact.sealed_secrets or {}).get(label)
         if sealed is not None:
             return secrets.request_headers(secrets.unseal(self.settings.secret_key, sealed))
-        if label in (run.fact.get("mcp_secret_labels") or []):
+        if label in (run.fact.mcp_secret_labels or []):
             raise secrets.SecretsUnreadable(
                 f"The secrets of MCP server '{label}' were kept in the memory of the process that accepted this "
                 "request, which no longer runs it; set SERVICE_SECRET_KEY so that any replica can use them."

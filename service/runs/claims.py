@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service import observability as metrics
 from service.agent.steps import tool_facts
 from service.config import Settings
+from service.log.facts import CancelRequested, RequestFact, TokensFact, decode_as
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
 from service.projection import project
@@ -112,14 +113,14 @@ class Claims(ToolCalls):
             return None  # ours already: its lease lapsed while the store was away, and the claim renewed it
         if claimed.claims > 1:
             metrics.LEASE_TAKEOVERS.inc()
-        request_facts = [f.data for f in facts if f.kind == "request"]
+        request_facts = [f.data for f in facts if f.kind == RequestFact.KIND]
         if not request_facts or not logged:
             return None  # deleted meanwhile
-        fact = request_facts[0]
-        token_facts = [f.data for f in facts if f.kind == "tokens"]
-        cancelled = claimed.cancel_requested or any(f.kind == "cancel_requested" for f in facts)
+        fact = decode_as(RequestFact, request_facts[0])
+        token_facts = [decode_as(TokensFact, f.data) for f in facts if f.kind == TokensFact.KIND]
+        cancelled = claimed.cancel_requested or any(f.kind == CancelRequested.KIND for f in facts)
 
-        constraint = self.runtime.new_constraint(prompt_request_from_fact(fact), fact.get("constraints"))
+        constraint = self.runtime.new_constraint(prompt_request_from_fact(fact), fact.constraints)
         run = replay_run(
             rid,
             fact,
@@ -149,8 +150,8 @@ class Claims(ToolCalls):
         """The run rebuilt to continue right after what its log holds, its tokens not replayed (so it adds no
         output), and its logged events."""
         facts, logged = await self._read_log(response_id)
-        fact = next(f.data for f in facts if f.kind == "request")
-        builder = StreamBuilder(fact["response"], next_sequence_number=_after(logged))
+        fact = decode_as(RequestFact, next(f.data for f in facts if f.kind == RequestFact.KIND))
+        builder = StreamBuilder(fact.response, next_sequence_number=_after(logged))
         run = ActiveRun(response_id, fact, builder, self.runtime.chat_format.new_parser(), project(logged), 0)
         return run, logged
 

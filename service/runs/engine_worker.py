@@ -185,19 +185,19 @@ class EngineWorker(Warming):
         return failed
 
     def _sampling_params(self, run: ActiveRun) -> SamplingParams:
-        fact, segment = run.fact, run.segment
+        segment = run.segment
         assert segment is not None
-        sampling = fact["sampling"]
+        sampling = run.fact.sampling
         return SamplingParams(
             # The engine counts the replayed tokens too; earlier segments' tokens count against the cap.
-            max_new_tokens=sampling["max_new_tokens"] - segment.generated_before,
-            temperature=sampling["temperature"],
-            top_p=sampling["top_p"],
-            seed=sampling["seed"],
-            top_logprobs=sampling["top_logprobs"],
-            logprobs=bool(fact.get("logprobs")),  # what the response's events carry (see _logprob_entry)
-            frequency_penalty=sampling.get("frequency_penalty", 0.0),
-            presence_penalty=sampling.get("presence_penalty", 0.0),
+            max_new_tokens=sampling.max_new_tokens - segment.generated_before,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            top_logprobs=sampling.top_logprobs,
+            logprobs=run.fact.logprobs,  # what the response's events carry (see _logprob_entry)
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
             stop_token_ids=self.runtime.chat_format.stop_token_ids(),
         )
 

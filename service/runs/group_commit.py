@@ -186,7 +186,7 @@ class GroupCommit(EngineWorker):
         """The store has been away too long for clients that are waiting: end their runs. The
         terminal events queue behind what is already waiting and land when the store returns."""
         for run in list(self.active.values()):
-            if run.fact.get("request", {}).get("background"):
+            if run.fact.background:
                 continue
             self._forget(run.response_id)
             write = run.write()

@@ -15,11 +15,11 @@ from typing import Any
 from service.agent import calls
 from service.agent.segment import Segment
 from service.engine.base import LogitsConstraint
+from service.log.facts import RequestFact, TokensFact, ToolCallResult, decode_as
 from service.projection import apply, project
 from service.prompting.base import ChatFormat, ItemEnded, MalformedOutput, OutputParser, PartialTurn, PromptRequest
 from service.protocol import TERMINAL_EVENT_TYPES
 from service.store.recorder import RunWrite
-from service.store.token_facts import group_sizes
 from service.stream_builder import Ending, StreamBuilder
 
 # (token facts before it, kind, data) of a run's `tool_call_started` / `tool_call_result` facts.
@@ -36,19 +36,19 @@ class ReplayDiverged(RuntimeError):
 _ROW_REFRESH_EVENTS = TERMINAL_EVENT_TYPES | {"response.in_progress", "response.output_item.done"}
 
 
-def prompt_request_from_fact(fact: dict[str, Any]) -> PromptRequest:
+def prompt_request_from_fact(fact: RequestFact) -> PromptRequest:
     return PromptRequest(
-        items=fact["prompt_items"],
-        instructions=fact["instructions"],
-        tools=tuple(fact["tools"]),
-        reasoning_effort=fact["reasoning_effort"],
+        items=fact.prompt_items,
+        instructions=fact.instructions,
+        tools=tuple(fact.tools),
+        reasoning_effort=fact.reasoning_effort,
     )
 
 
 @dataclass
 class ActiveRun:
     response_id: str
-    fact: dict[str, Any]
+    fact: RequestFact
     builder: StreamBuilder
     parser: OutputParser
     projected: dict[str, Any]
@@ -63,14 +63,14 @@ class ActiveRun:
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.fact["prompt_token_ids"])
+        return len(self.fact.prompt_token_ids)
 
     def write(self) -> RunWrite:
         pending, self.pending = self.pending, []
         write = RunWrite(
             self.response_id,
             events=pending,
-            output_ordinal_base=self.fact["input_item_count"],
+            output_ordinal_base=self.fact.input_item_count,
             token_facts_before=self.token_facts,
         )
         if any(e["type"] in _ROW_REFRESH_EVENTS for e in pending):
@@ -119,8 +119,8 @@ class ActiveRun:
 
 def replay_run(
     response_id: str,
-    fact: dict[str, Any],
-    token_facts: list[dict[str, Any]],
+    fact: RequestFact,
+    token_facts: Sequence[TokensFact],
     logged: list[dict[str, Any]],
     chat_format: ChatFormat,
     constraint: LogitsConstraint | None,
@@ -136,17 +136,17 @@ def replay_run(
     if [e["sequence_number"] for e in logged] != list(range(len(logged))):
         # Left by a version that could commit past a cut-off commit: replaying cannot continue it.
         raise ReplayDiverged(f"the logged events of {response_id} have a hole in their sequence numbers")
-    builder = StreamBuilder(fact["response"])
+    builder = StreamBuilder(fact.response)
     parser = chat_format.new_parser()
-    regenerated = builder.created() + builder.in_progress() + builder.compaction(fact.get("compaction_item"))
-    regenerated += builder.list_tools(fact.get("mcp_listed") or [])
-    approved = fact.get("approved_call")
+    regenerated = builder.created() + builder.in_progress() + builder.compaction(fact.compaction_item)
+    regenerated += builder.list_tools(fact.mcp_listed or [])
+    approved = fact.approved_call
     if approved is not None:
         regenerated += builder.start_approved_call(
-            approved["server_label"], approved["name"], approved["arguments"], approved["approval_request_id"]
+            approved.server_label, approved.name, approved.arguments, approved.approval_request_id
         )
-    max_calls = (fact.get("constraints") or {}).get("max_tool_calls") or 1_000_000
-    segment = Segment(list(fact["prompt_token_ids"]), calls=calls.ToolCalls(response_id, max_calls))
+    max_calls = fact.max_tool_calls or 1_000_000
+    segment = Segment(list(fact.prompt_token_ids), calls=calls.ToolCalls(response_id, max_calls))
     generated = 0
     pending_tools = list(tool_facts)
 
@@ -161,22 +161,23 @@ def replay_run(
             item = builder.pending_call
             namespace = item.get("server_label", "python")
             assert result_tokens is not None, "a run with tool results needs result_tokens"
-            tokens = result_tokens(namespace, item.get("name", ""), data.get("output"), data.get("error"))
-            regenerated += builder.tool_result(data.get("output"), data.get("error"), data.get("details"))
+            result = decode_as(ToolCallResult, data)
+            tokens = result_tokens(namespace, item.get("name", ""), result.output, result.error)
+            regenerated += builder.tool_result(result.output, result.error, result.details)
             segment.next_segment(tokens)
             parser = chat_format.new_parser()
             constraint = next_constraint(segment.calls_made) if next_constraint is not None else None
 
-    for index, data in enumerate(token_facts):
+    for index, tokens_fact in enumerate(token_facts):
         apply_tool_facts(index)
         start = 0
-        for size in group_sizes(data):  # the steps committed together, folded as they were (record_joined)
+        for size in tokens_fact.group_sizes():  # the steps committed together, folded as they were (record_joined)
             group: list[dict[str, Any]] = []
             for position in range(start, start + size):
-                token = data["ids"][position]
+                token = tokens_fact.ids[position]
                 if constraint is not None:
                     constraint.accept(token)
-                logprobs = [data["logprobs"][position]] if "logprobs" in data else None
+                logprobs = [tokens_fact.logprobs[position]] if tokens_fact.logprobs is not None else None
                 builder.fold_into(group, builder.feed(parser.feed(token), logprobs=logprobs))
                 segment.tokens.append(token)
                 generated += 1
@@ -200,24 +201,3 @@ def replay_run(
         segment=segment,
         constraint=constraint,
     )
-
-
-def sampling_fact(
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-    top_logprobs: int,
-    frequency_penalty: float = 0.0,
-    presence_penalty: float = 0.0,
-) -> dict[str, Any]:
-    return {
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "seed": seed,
-        "top_logprobs": top_logprobs,
-        "frequency_penalty": frequency_penalty,
-        "presence_penalty": presence_penalty,
-    }

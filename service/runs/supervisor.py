@@ -170,7 +170,7 @@ class RunSupervisor(Claims):
         group = queued if queued is not None and queued.group_start is not None and not write.events else None
         if run.segment is not None:
             run.segment.tokens.append(output.token_id)
-        logprobs = [self._logprob_entry(output)] if run.fact.get("logprobs") else None
+        logprobs = [self._logprob_entry(output)] if run.fact.logprobs else None
         token_fact = {"ids": [output.token_id], **({"logprobs": logprobs} if logprobs else {})}
         run.token_facts += 1
         run.generated += 1

@@ -64,7 +64,7 @@ class Warming(SupervisorCore):
             return False
         return any(
             item.get("type", "message") != "message" or item.get("role") == "assistant"
-            for item in run.fact["prompt_items"]
+            for item in run.fact.prompt_items
         )
 
     def _warm_partial_turn(self, run: ActiveRun) -> None:
