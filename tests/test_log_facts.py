@@ -298,7 +298,7 @@ def test_the_request_fact_is_what_the_dict_builder_wrote(fact: RequestFact) -> N
         "input_item_count": fact.input_item_count,
         **({"conversation_id": fact.conversation_id} if fact.conversation_id is not None else {}),
         **({"input_items": fact.input_items} if fact.input_items is not None else {}),
-        # PreparedTools.fact_fields
+        # what PreparedTools.fact_fields spread in
         **({"mcp_listed": fact.mcp_listed} if fact.mcp_listed else {}),
         **({"approved_call": fact_data(fact.approved_call)} if fact.approved_call else {}),
         **({"sealed_secrets": fact.sealed_secrets} if fact.sealed_secrets else {}),

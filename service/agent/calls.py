@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from service.log.facts import ToolCallResult, ToolCallStarted, decode_as, fact_data
 from service.store.event_log import TOOL_FACT_KINDS
 from service.tools.base import ToolResult
 from service.tools.registry import ToolRegistry
@@ -55,7 +56,7 @@ def idempotency_key(response_id: str, index: int) -> str:
 class ToolCalls:
     response_id: str
     max_calls: int
-    started: dict[int, dict[str, Any]] = field(default_factory=dict)
+    started: dict[int, ToolCallStarted] = field(default_factory=dict)
     results: dict[int, ToolResult] = field(default_factory=dict)
 
     @classmethod
@@ -66,10 +67,17 @@ class ToolCalls:
         return calls
 
     def apply(self, kind: str, data: dict[str, Any]) -> None:
+        """Replay one stored tool fact (`run_facts` kind and data)."""
         if kind == STARTED:
-            self.started[data["index"]] = data
+            self.record(decode_as(ToolCallStarted, data))
         elif kind == RESULT:
-            self.results[data["index"]] = ToolResult.from_fact(data)
+            self.record(decode_as(ToolCallResult, data))
+
+    def record(self, fact: ToolCallStarted | ToolCallResult) -> None:
+        if isinstance(fact, ToolCallStarted):
+            self.started[fact.index] = fact
+        else:
+            self.results[fact.index] = ToolResult(fact.output, fact.error, fact.details)
 
     def decide(self, call: PlannedCall) -> Decision:
         key = idempotency_key(self.response_id, call.index)
@@ -77,7 +85,7 @@ class ToolCalls:
             return Decision("reuse", key, self.results[call.index])
         logged = self.started.get(call.index)
         if logged is not None:
-            if (logged["namespace"], logged["name"], logged["arguments"]) != (
+            if (logged.namespace, logged.name, logged.arguments) != (
                 call.namespace,
                 call.name,
                 call.arguments,
@@ -104,15 +112,15 @@ async def execute(
             await _log_result(calls, call, decision.result, log_fact)
         return decision.result
     if decision.action == "start":
-        started = {
-            "index": call.index,
-            "namespace": call.namespace,
-            "name": call.name,
-            "arguments": call.arguments,
-            "idempotency_key": decision.idempotency_key,
-        }
-        await log_fact(STARTED, started)
-        calls.apply(STARTED, started)
+        started = ToolCallStarted(
+            index=call.index,
+            namespace=call.namespace,
+            name=call.name,
+            arguments=call.arguments,
+            idempotency_key=decision.idempotency_key,
+        )
+        await log_fact(STARTED, fact_data(started))
+        calls.record(started)
     tool = registry.get(call.namespace)
     if tool is None:
         result = ToolResult(None, f"No server-side tool '{call.namespace}' in this request.")
@@ -128,6 +136,6 @@ async def execute(
 
 
 async def _log_result(calls: ToolCalls, call: PlannedCall, result: ToolResult, log_fact: LogFact) -> None:
-    data = {"index": call.index, **result.as_fact()}
-    await log_fact(RESULT, data)
-    calls.apply(RESULT, data)
+    fact = ToolCallResult(index=call.index, output=result.output, error=result.error, details=result.details)
+    await log_fact(RESULT, fact_data(fact))
+    calls.record(fact)

@@ -29,15 +29,6 @@ class PreparedTools:
     headers: dict[str, dict[str, str]] = field(default_factory=dict)  # server_label -> HTTP headers (memory)
     sealed: dict[str, str] = field(default_factory=dict)  # server_label -> sealed secrets (background runs)
 
-    def fact_fields(self) -> dict[str, Any]:
-        """What the run's request fact keeps of these (no secret in clear)."""
-        return {
-            **({"mcp_listed": self.listed} if self.listed else {}),
-            **({"approved_call": self.approved_call} if self.approved_call else {}),
-            **({"sealed_secrets": self.sealed} if self.sealed else {}),
-            **({"mcp_secret_labels": sorted(self.headers)} if self.headers else {}),  # names only
-        }
-
 
 def server_specs(tools: Sequence[Any]) -> list[dict[str, Any]]:
     return [tool for tool in tools if isinstance(tool, dict) and tool.get("type") in ("mcp", "code_interpreter")]
