@@ -260,6 +260,7 @@ def run(
     command: str = "",
 ) -> list[Result]:
     """Measure each server alone at each client count and write the table to `out`."""
+    load = os.getloadavg()[0]  # the machine may be shared: the page says how busy it was
     texts = prompt_texts(sum(clients) + 1, prompt)
     warm, texts = texts[-1], texts[:-1]
     context = 4 * (prompt + new) + 256  # the peers' context per sequence: the prompt, its template, the output
@@ -327,7 +328,17 @@ def run(
         described = "random weights of Qwen2.5-0.5B's shape on the Harmony vocabulary (201,088 ids) everywhere"
     else:
         described = f"this server's model {model}"
-    out.write_text(markdown(results, clients, prompt, new, f"threads: {threads}; {described}", command, notes))
+    out.write_text(
+        markdown(
+            results,
+            clients,
+            prompt,
+            new,
+            f"threads: {threads}; {described}; load average {load:.1f} at the start",
+            command,
+            notes,
+        )
+    )
     return results
 
 
