@@ -38,7 +38,7 @@ from service.store import retention
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
 from service.tools import report_sandbox
-from service.tools.mcp import McpAddressPolicy
+from service.tools.mcp_policy import McpAddressPolicy
 from service.webhooks.delivery import DeliveryWorker
 
 log = logging.getLogger(__name__)

@@ -171,7 +171,7 @@ class IncrementalDetokenizer:
         self._read = 0  # ids before this are already emitted
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return str(self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
