@@ -50,12 +50,12 @@ import onnx
 
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
-from service.engine.shapes import shape_config
 from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, DecoderConfig, int8_block_name, parse_int8_block
 from service.engine.model_dir import ensure_builtin_model
 from service.engine.model_files import find_model_file
 from service.engine.onnx_engine import OnnxEngine
 from service.engine.sampling import sample
+from service.engine.shapes import shape_config
 from service.engine.weights import random_weights
 
 SEED = 0

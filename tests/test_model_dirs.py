@@ -18,9 +18,9 @@ from tokenizers import Tokenizer
 
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
-from service.engine.shapes import SHAPES, shape_config
 from service.engine.config import HARMONY_VOCAB_SIZE, DecoderConfig, ModelMeta, read_config, write_config
 from service.engine.onnx_engine import OnnxEngine
+from service.engine.shapes import SHAPES, shape_config
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
 from tests.api_helpers import assert_well_formed_stream, client_for, final_text, text_from_deltas
 from tests.cli_helpers import assert_one_line_error, run_cli
