@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import stream_archive
+from service.agent.runtime import ToolRuntime
 from service.commands import Commands
 from service.config import Settings
 from service.containers import Containers
@@ -37,7 +38,7 @@ from service.runs import RunSupervisor
 from service.store import retention
 from service.store.db import create_engine, is_sqlite, migrate
 from service.store.faults import is_transient
-from service.tools import report_sandbox
+from service.tools import report_sandbox, sandbox_from_settings
 from service.tools.mcp_policy import McpAddressPolicy
 from service.webhooks.delivery import DeliveryWorker
 
@@ -57,22 +58,28 @@ def create_app(settings: Settings | None = None, *, runtime: ModelRuntime | None
         if not is_sqlite(settings.database_url):
             url = make_url(settings.database_url).set(drivername="postgresql")
             await notifier.start_postgres(url.render_as_string(hide_password=False))
-        supervisor = RunSupervisor(db, model, notifier, settings)
         state = app.state
+        state.authenticator = Authenticator(db, settings.api_key)
+        await state.authenticator.required()  # read while the store is surely up
+        sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
+        sandbox = sandbox_from_settings(settings)
+        containers = state.containers = Containers(db, sandbox)
+        # The server-side tools, shared by the commands and the supervisor. Where MCP connections may go depends on
+        # whether keys are configured (service/tools/mcp.py).
+        policy = McpAddressPolicy(tuple(settings.mcp_hosts()), settings.listen_host, state.authenticator.required)
+        tools = ToolRuntime.build(
+            settings,
+            policy=policy,
+            sandbox=sandbox,
+            sandbox_unavailable=sandbox_unavailable,
+            containers=containers,
+        )
+        supervisor = RunSupervisor(db, model, notifier, settings, tools=tools)
         state.settings, state.db, state.runtime, state.notifier = settings, db, model, notifier
         state.supervisor, state.started_at, state.background_tasks = supervisor, time.time(), set()
         state.draining = asyncio.Event()
         state.stream_reader = stream_archive.StreamReader(model.chat_format)  # fills archived streams
-        state.sandbox_unavailable = await report_sandbox(settings)  # None when the code interpreter can run
-        supervisor.tool_steps.sandbox_unavailable = state.sandbox_unavailable
-        containers = state.containers = supervisor.tool_steps.containers = Containers(db, supervisor.tool_steps.sandbox)
-        state.commands = Commands(db, model, supervisor, notifier, settings)
-        state.authenticator = Authenticator(db, settings.api_key)
-        await state.authenticator.required()  # read while the store is surely up
-        # Where MCP connections may go depends on whether keys are configured (service/tools/mcp.py).
-        supervisor.tool_steps.connector.policy = McpAddressPolicy(
-            tuple(settings.mcp_hosts()), settings.listen_host, state.authenticator.required
-        )
+        state.commands = Commands(db, model, supervisor, notifier, settings, tools=tools)
         state.rate_limiter = RequestRateLimiter(settings.rate_limit_requests_per_minute)
         state.subscribers = SubscriberLimit(settings.max_sse_subscribers_per_response)
         await supervisor.start()

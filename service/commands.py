@@ -16,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
 from service.agent import setup as agent_setup
-from service.agent.items import wants_auto_container
+from service.agent.items import auto_container_id, wants_auto_container
+from service.agent.runtime import ToolRuntime
 from service.agent.setup import PreparedTools
 from service.agent.steps import approved_prompt
 from service.config import Settings
@@ -61,13 +62,22 @@ class CreatedResponse:
 
 class Commands:
     def __init__(
-        self, db: AsyncEngine, runtime: ModelRuntime, supervisor: RunSupervisor, notifier: Notifier, settings: Settings
+        self,
+        db: AsyncEngine,
+        runtime: ModelRuntime,
+        supervisor: RunSupervisor,
+        notifier: Notifier,
+        settings: Settings,
+        *,
+        tools: ToolRuntime | None = None,
     ) -> None:
+        """`tools`: the server-side tools, shared with the supervisor (by default the supervisor's)."""
         self.db = db
         self.runtime = runtime
         self.supervisor = supervisor
         self.notifier = notifier
         self.settings = settings
+        self.tools = tools if tools is not None else supervisor.tools
 
     async def create(
         self,
@@ -156,7 +166,7 @@ class Commands:
         )
         created_event = StreamBuilder(response).created()[0]
         if server_tools.headers:  # in memory for the run; a background run also has them sealed in the fact
-            self.supervisor.tool_steps.headers[response_id] = server_tools.headers
+            self.tools.secrets.put(response_id, server_tools.headers)
         try:
             with metrics.EVENT_APPEND.labels("create").time():
                 await recorder.create_response(
@@ -172,7 +182,7 @@ class Commands:
                     also=self._auto_container(response_id, response, project),
                 )
         except BaseException:
-            self.supervisor.tool_steps.headers.pop(response_id, None)  # refused, or never written
+            self.tools.secrets.pop(response_id)  # refused, or never written
             raise
         await self.notifier.publish([response_id])
         self.supervisor.wake()
@@ -182,9 +192,14 @@ class Commands:
         self, response_id: str, response: dict[str, Any], project: str
     ) -> Callable[[Any], Awaitable[None]] | None:
         """`{"container": {"type": "auto"}}`: the response's own container, made in its create transaction."""
-        if self.supervisor.tool_steps.containers is None or not wants_auto_container(response.get("tools") or []):
+        if self.tools.containers is None or not wants_auto_container(response.get("tools") or []):
             return None
-        return functools.partial(Containers.insert_auto, response_id=response_id, project=project)
+        return functools.partial(
+            Containers.insert_auto,
+            response_id=response_id,
+            container_id=auto_container_id(response_id),
+            project=project,
+        )
 
     def _admit(self, project_runs: int, all_runs: int) -> None:
         """429 past the project's runs in flight, 503 past the server's queue bound (see limits.py); checked
@@ -208,18 +223,15 @@ class Commands:
             history = await Conversations(self.db).history(conversation_id, project=project)
         _check_call_ids(history, input_items)
         tools = [] if request.tool_choice == "none" else model_tools(request.tools)
-        steps = self.supervisor.tool_steps
         server_tools = await agent_setup.prepare(
             tools,
+            self.tools,
             history=history,
             input_items=input_items,
             background=request.background,
-            settings=self.settings,
-            connector=steps.connector,
-            sandbox_unavailable=steps.sandbox_unavailable,
+            project=project,
             chat_format=self.runtime.chat_format.name,
             forced_label=choice.server_label if isinstance(choice := request.tool_choice, McpToolChoice) else None,
-            check_container=None if (c := steps.containers) is None else functools.partial(c.check, project=project),
         )
         # The model sees function and custom tools as given, and each server's tools in its namespace.
         tools = [t for t in tools if t not in agent_setup.server_specs(tools)] + server_tools.model_tools
@@ -372,8 +384,8 @@ class Commands:
         if not is_response_id(response_id) or not await recorder.delete_response(self.db, response_id, project=project):
             raise NotFound(f"Response with id '{response_id}' not found.", param="response_id")
         await self.notifier.publish([response_id])
-        if self.supervisor.tool_steps.containers is not None:  # its `auto` container's row, then files
-            await self.supervisor.tool_steps.containers.delete_for_response(response_id)
+        if self.tools.containers is not None:  # its `auto` container's row, then files
+            await self.tools.containers.delete_for_response(response_id)
 
     async def get(self, response_id: str, *, project: str) -> dict[str, Any]:
         """A stored response of `project` as clients see it; store=false responses are never visible."""

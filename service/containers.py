@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.agent.items import auto_container_id
 from service.errors import InvalidRequest, NotFound
 from service.store import containers as store
 from service.tools.sandbox import Sandbox
@@ -122,12 +121,12 @@ class Containers:
         return None
 
     @staticmethod
-    async def insert_auto(connection: AsyncConnection, response_id: str, *, project: str) -> None:
-        """A response's `auto` container, written in the response's create transaction (so a resumed run, or
-        another replica, finds it)."""
+    async def insert_auto(connection: AsyncConnection, response_id: str, *, container_id: str, project: str) -> None:
+        """A response's `auto` container (its id derived from the response's: service/agent/items.py), written in
+        the response's create transaction (so a resumed run, or another replica, finds it)."""
         await store.insert(
             connection,
-            container_id=auto_container_id(response_id),
+            container_id=container_id,
             project=project,
             name=f"auto container of {response_id}",
             expires_after_minutes=store.DEFAULT_EXPIRY_MINUTES,

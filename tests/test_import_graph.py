@@ -19,11 +19,6 @@ SERVICE = Path(__file__).resolve().parents[1] / "service"
 
 # Loops still there, and which step of issue 39 (or later work) breaks them. Never add one here.
 KNOWN_LOOPS: list[frozenset[str]] = [
-    # the agent loop's move into service/agent/ (in progress: its modules still import the runs and the stream
-    # builder that import them)
-    frozenset(
-        {"service.agent", "service.containers", "service.runs", "service.stream_builder", "service.stream_tool_items"}
-    ),
 ]
 
 

@@ -111,6 +111,7 @@ def test_segments_and_their_constraint_specs() -> None:
 async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call() -> None:
     from cryptography.fernet import Fernet
 
+    from service.agent.runtime import ToolRuntime
     from service.agent.steps import ToolSteps
     from service.config import Settings
     from service.log.facts import RequestFact, Sampling
@@ -119,7 +120,7 @@ async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call()
     from service.tools import secrets
 
     key = Fernet.generate_key().decode()
-    steps = ToolSteps(Settings(secret_key=key), HarmonyFormat())
+    steps = ToolSteps(ToolRuntime.build(Settings(secret_key=key)), HarmonyFormat())
     spec = {**MCP, "authorization": "sk-x"}
 
     def run_with(**fields: Any) -> ActiveRun:
@@ -146,5 +147,5 @@ async def test_secrets_held_elsewhere_are_an_error_not_an_unauthenticated_call()
     assert result.output is None and result.error is not None and "SERVICE_SECRET_KEY" in result.error
     sealed = run_with(mcp_secret_labels=["counter"], sealed_secrets={"counter": secrets.seal(key, spec)})
     assert steps._headers(sealed, "counter") == {"Authorization": "Bearer sk-x"}
-    steps.headers["resp_" + "b" * 48] = {"counter": {"Authorization": "Bearer mem"}}
+    steps.tools.secrets.put("resp_" + "b" * 48, {"counter": {"Authorization": "Bearer mem"}})
     assert steps._headers(run_with(mcp_secret_labels=["counter"]), "counter") == {"Authorization": "Bearer mem"}

@@ -6,8 +6,11 @@ Following one call through it stays in this package:
 - `calls.py`: the pure state machine over `tool_call_started` / `tool_call_result` facts, and `execute`, the only
   place a server-side tool is called (exactly once per log);
 - `segment.py`: where a run stands in its loop (per-segment prompt and tokens), rebuilt from the log on replay;
-- `steps.py`: executing a run's pending call through the group commit and feeding the result back.
+- `steps.py`: executing a run's pending call through the group commit and feeding the result back;
+- `runtime.py`: `ToolRuntime`, the server's tools (MCP connector and its URL policy, sandbox, containers) and
+  `McpSecrets`, built once at start-up (service/app.py) and handed to the commands and the supervisor.
 
 `service/tools/` holds the executors (MCP client, sandbox, registry); nothing in it knows the log.
-This module imports nothing: `service.runs.state` imports `calls` and `segment`.
+The run supervisor drives this package and it never imports `service.runs` (a run is `steps.RunAtCall`);
+this module imports nothing, so `service.runs.state` can import `calls` and `segment` alone.
 """

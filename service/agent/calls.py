@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from service.log.facts import ToolCallResult, ToolCallStarted, decode_as, fact_data
-from service.store.event_log import TOOL_FACT_KINDS
+from service.store.event_log import TOOL_FACT_KINDS, StoredFact
 from service.tools.base import ToolResult
 from service.tools.registry import ToolRegistry
 
@@ -45,6 +45,18 @@ class Decision:
     action: Literal["reuse", "retry", "start", "refuse"]
     idempotency_key: str
     result: ToolResult | None = None
+
+
+def tool_facts(facts: list[StoredFact]) -> list[tuple[int, str, dict[str, Any]]]:
+    """A run's tool facts as (`tokens` facts logged before it, kind, data), for replay (runs.state.replay_run)."""
+    out: list[tuple[int, str, dict[str, Any]]] = []
+    tokens = 0
+    for stored_fact in facts:
+        if stored_fact.kind == "tokens":
+            tokens += 1
+        elif stored_fact.kind in (STARTED, RESULT):
+            out.append((tokens, stored_fact.kind, stored_fact.data))
+    return out
 
 
 def idempotency_key(response_id: str, index: int) -> str:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.config import Settings
+from service.agent.runtime import ToolRuntime
 from service.errors import FailedDependency, InvalidRequest
 from service.tools import secrets
-from service.tools.mcp import McpConnector, McpServerError
+from service.tools.mcp import McpServerError
 from service.tools.registry import allowed_tool_names
 from service.tools.specs import ServerToolRefused, check_server_tools
 
@@ -36,20 +36,20 @@ def server_specs(tools: Sequence[Any]) -> list[dict[str, Any]]:
 
 async def prepare(
     raw_tools: list[dict[str, Any]],
+    runtime: ToolRuntime,
     *,
     history: list[dict[str, Any]],
     input_items: list[dict[str, Any]],
     background: bool,
-    settings: Settings,
-    connector: McpConnector,
-    sandbox_unavailable: str | None,
+    project: str,
     chat_format: str,
     forced_label: str | None = None,
-    check_container: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> PreparedTools:
     """Raises InvalidRequest (400) for what the client got wrong; an unreachable server is an item error, or a
     424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on.
-    `check_container(container_id, param)` raises NotFound unless a named container is the project's, live."""
+    A container the code interpreter names must be `project`'s, live (NotFound otherwise)."""
+    settings, connector, sandbox_unavailable = runtime.settings, runtime.connector, runtime.sandbox_unavailable
+    containers = runtime.containers
     specs = server_specs(raw_tools)
     prepared = PreparedTools()
     _find_approval(prepared, history, input_items)
@@ -82,8 +82,8 @@ async def prepare(
                     param=f"tools[{index}].type",
                     code="unsupported_tool",
                 )
-            if isinstance(spec.get("container"), str) and check_container is not None:
-                await check_container(spec["container"], f"tools[{index}].container")
+            if isinstance(spec.get("container"), str) and containers is not None:
+                await containers.check(spec["container"], f"tools[{index}].container", project=project)
             limit = settings.code_interpreter_max_code_chars
             prepared.model_tools.append({"type": "python", **({"max_code_chars": limit} if limit else {})})
             continue

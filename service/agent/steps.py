@@ -3,7 +3,8 @@ engine, its call is executed exactly once per log (service/agent/calls.py), the 
 events, and the run goes back into the engine with the result in its prompt (service/agent/segment.py).
 
 Nothing here touches the engine or the database directly: the supervisor passes `commit` (append one
-write and return once it is committed) and takes the run back when `run_call` returns.
+write and return once it is committed) and takes the run back when `run_call` returns. The tools
+themselves (MCP connector, sandbox, containers, secrets) are the `ToolRuntime` the server was built with.
 """
 
 from __future__ import annotations
@@ -11,27 +12,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from service.agent import calls
 from service.agent.items import container_id
-from service.agent.segment import segment_constraint_spec
-from service.config import Settings
-from service.containers import Containers
-from service.engine.base import LogitsConstraint
+from service.agent.runtime import ToolRuntime
+from service.agent.segment import Segment
 from service.log.facts import RequestFact
 from service.prompting import harmony_tools
 from service.prompting.base import ChatFormat, PromptRequest
 from service.prompting.chat_template import ChatTemplateFormat
 from service.prompting.chat_template_server_tools import CODE_TOOL
-from service.runs.state import ActiveRun, ToolFact, prompt_request_from_fact
-from service.store.event_log import StoredFact
 from service.store.recorder import RunWrite
 from service.store.schema import DEFAULT_PROJECT
-from service.tools import sandbox_from_settings, secrets
+from service.tools import secrets
 from service.tools.base import ToolResult
 from service.tools.code_interpreter import CodeInterpreter
-from service.tools.mcp import McpConnector
 from service.tools.registry import McpServerTool, ToolRegistry, allowed_tool_names
 
 Commit = Callable[[RunWrite], Awaitable[bool]]  # True once committed; False: the run is no longer ours
@@ -41,16 +37,43 @@ class RunLost(Exception):
     """The run's write was refused: another worker owns it now, or it was deleted."""
 
 
-def tool_facts(facts: list[StoredFact]) -> list[ToolFact]:
-    """The tool facts of a run, each with the number of `tokens` facts logged before it."""
-    out: list[ToolFact] = []
-    tokens = 0
-    for stored_fact in facts:
-        if stored_fact.kind == "tokens":
-            tokens += 1
-        elif stored_fact.kind in (calls.STARTED, calls.RESULT):
-            out.append((tokens, stored_fact.kind, stored_fact.data))
-    return out
+class CallBuilder(Protocol):
+    """What executing a call needs of the run's stream builder (service/stream_builder.py's StreamBuilder)."""
+
+    @property
+    def pending_call(self) -> dict[str, Any] | None:
+        """The server-side call awaiting its result, as its item's JSON."""
+        ...
+
+    def tool_result(
+        self, output: str | None, error: str | None, details: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The pending call returned: its item's closing events."""
+        ...
+
+
+class RunAtCall(Protocol):
+    """What executing a run's call needs of the run (service/runs/state.py's ActiveRun)."""
+
+    @property
+    def response_id(self) -> str: ...
+
+    @property
+    def fact(self) -> RequestFact: ...
+
+    @property
+    def builder(self) -> CallBuilder: ...
+
+    @property
+    def segment(self) -> Segment | None: ...
+
+    def write(self) -> RunWrite:
+        """A write of the run's events not yet logged."""
+        ...
+
+    def record(self, write: RunWrite, new_events: list[dict[str, Any]]) -> None:
+        """Add new events (folded into the run's projection) to `write`."""
+        ...
 
 
 def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None, str | None], list[int]]:
@@ -95,28 +118,13 @@ class _Unavailable:
 
 
 class ToolSteps:
-    def __init__(self, settings: Settings, chat_format: ChatFormat) -> None:
-        self.settings = settings
-        self.connector = McpConnector(
-            timeout_seconds=settings.tool_timeout_seconds, max_output_bytes=settings.tool_output_bytes
-        )
-        self.sandbox = sandbox_from_settings(settings)
-        self.sandbox_unavailable: str | None = None  # set at start-up (service.tools.report_sandbox)
-        self.containers: Containers | None = None  # set at start-up (app.py): who may use which container
+    """Executes runs' server-side tool calls with the server's `tools`; results continue in `chat_format`."""
+
+    def __init__(self, tools: ToolRuntime, chat_format: ChatFormat) -> None:
+        self.tools = tools
         self.result_tokens = result_tokens_for(chat_format)
-        # Foreground runs' MCP headers, in memory only (a foreground run does not outlive its process).
-        self.headers: dict[str, dict[str, dict[str, str]]] = {}
 
-    def constraint_factory(
-        self, new_constraint: Callable[..., LogitsConstraint | None], fact: RequestFact
-    ) -> Callable[[int], LogitsConstraint | None]:
-        def make(calls_made: int) -> LogitsConstraint | None:
-            spec = segment_constraint_spec(fact.constraints, calls_made)
-            return new_constraint(prompt_request_from_fact(fact), spec)
-
-        return make
-
-    def registry(self, run: ActiveRun) -> ToolRegistry:
+    def registry(self, run: RunAtCall) -> ToolRegistry:
         registry = ToolRegistry()
         tools: list[dict[str, Any]] = run.fact.response.get("tools") or []
         for spec in tools:
@@ -130,30 +138,30 @@ class ToolSteps:
                     registry.add(label, _Unavailable(str(exc)))  # never call out without the client's secrets
                     continue
                 registry.add(
-                    label, McpServerTool(self.connector, spec["server_url"], headers, allowed_tool_names(spec))
+                    label, McpServerTool(self.tools.connector, spec["server_url"], headers, allowed_tool_names(spec))
                 )
         return registry
 
-    def _interpreter(self, run: ActiveRun, container: str) -> CodeInterpreter:
+    def _interpreter(self, run: RunAtCall, container: str) -> CodeInterpreter:
         """Runs in the container only if it is still the run's project's (checked when the code runs)."""
         project = run.fact.project or DEFAULT_PROJECT
-        containers = self.containers
+        containers = self.tools.containers
 
         async def open_container() -> str | None:
             assert containers is not None
             return await containers.open_for_run(container, project=project, response_id=run.response_id)
 
         return CodeInterpreter(
-            self.sandbox, container, tenant=project, open_container=None if containers is None else open_container
+            self.tools.sandbox, container, tenant=project, open_container=None if containers is None else open_container
         )
 
-    def _headers(self, run: ActiveRun, label: str) -> dict[str, str]:
-        remembered = self.headers.get(run.response_id, {}).get(label)
+    def _headers(self, run: RunAtCall, label: str) -> dict[str, str]:
+        remembered = self.tools.secrets.get(run.response_id, label)
         if remembered is not None:
             return remembered
         sealed = (run.fact.sealed_secrets or {}).get(label)
         if sealed is not None:
-            return secrets.request_headers(secrets.unseal(self.settings.secret_key, sealed))
+            return secrets.request_headers(secrets.unseal(self.tools.settings.secret_key, sealed))
         if label in (run.fact.mcp_secret_labels or []):
             raise secrets.SecretsUnreadable(
                 f"The secrets of MCP server '{label}' were kept in the memory of the process that accepted this "
@@ -162,9 +170,10 @@ class ToolSteps:
         return {}
 
     def forget(self, response_id: str) -> None:
-        self.headers.pop(response_id, None)
+        """The run has ended here: its secrets are dropped."""
+        self.tools.secrets.pop(response_id)
 
-    async def run_call(self, run: ActiveRun, commit: Commit) -> None:
+    async def run_call(self, run: RunAtCall, commit: Commit) -> None:
         """Execute the run's pending call (or reuse its logged result) and log the result with its events;
         then the run's segment holds the continuation's prompt."""
         item = run.builder.pending_call
@@ -184,7 +193,7 @@ class ToolSteps:
 
         registry = self.registry(run)
         result = await calls.execute(
-            run.segment.calls, call, registry, log_fact, timeout_seconds=self.settings.tool_timeout_seconds
+            run.segment.calls, call, registry, log_fact, timeout_seconds=self.tools.settings.tool_timeout_seconds
         )
         # Off the event loop: a long output takes a while to tokenize (in bounded calls that let the loop run).
         tokens = await asyncio.to_thread(self.result_tokens, namespace, name, result.output, result.error)

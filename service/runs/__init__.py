@@ -1,7 +1,7 @@
 """The run loop: `RunSupervisor` (supervisor.py) built on its parts, and a run's state (state.py).
 
-`RunSupervisor` is imported on first use: service.agent.steps (which the supervisor uses) imports
-service.runs.state, and importing the supervisor here would close that loop."""
+`RunSupervisor` is imported on first use: what needs only a run's state (service.runs.state: replay, the
+stream archive) does not load the supervisor and its parts with it."""
 
 from __future__ import annotations
 

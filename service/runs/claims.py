@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import observability as metrics
-from service.agent.steps import tool_facts
+from service.agent.calls import tool_facts
 from service.config import Settings
 from service.log.facts import CancelRequested, RequestFact, TokensFact, decode_as
 from service.model_runtime import ModelRuntime
@@ -129,7 +129,7 @@ class Claims(ToolCalls):
             self.runtime.chat_format,
             constraint,
             tool_facts=tool_facts(facts),
-            next_constraint=self.tool_steps.constraint_factory(self.runtime.new_constraint, fact),
+            next_constraint=self._segment_constraint(fact),
             result_tokens=self.tool_steps.result_tokens,
         )
 

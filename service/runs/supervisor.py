@@ -19,7 +19,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.agent.runtime import ToolRuntime
+from service.agent.steps import ToolSteps
+from service.config import Settings
 from service.engine.base import EngineError, TokenOutput
+from service.model_runtime import ModelRuntime
+from service.notify import Notifier
 from service.prompting.base import MalformedOutput
 from service.runs.claims import Claims
 from service.runs.group_commit import MAX_BACKLOG_STEPS
@@ -47,6 +54,21 @@ CHECKPOINT_INTERVAL_SECONDS = 30.0
 
 
 class RunSupervisor(Claims):
+    def __init__(
+        self,
+        db: AsyncEngine,
+        runtime: ModelRuntime,
+        notifier: Notifier,
+        settings: Settings,
+        *,
+        tools: ToolRuntime | None = None,
+    ) -> None:
+        """`tools`: the server's (service/app.py builds them once, for the commands too); by default the tools
+        `settings` describe, without containers."""
+        super().__init__(db, runtime, notifier, settings)
+        self.tools = tools if tools is not None else ToolRuntime.build(settings)
+        self.tool_steps = ToolSteps(self.tools, runtime.chat_format)
+
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         await recorder.delete_finished_unstored(self.db)  # store=false responses whose client is gone
@@ -88,7 +110,7 @@ class RunSupervisor(Claims):
                 await self._in_engine(self.runtime.engine.remove_sequence, response_id)
         self.active.clear()
         with _logged("closing held MCP sessions"):
-            await self.tool_steps.connector.close()
+            await self.tools.close()
         self._engine_thread.shutdown(wait=True)
 
     # -- the loop --------------------------------------------------------------------------

@@ -29,9 +29,7 @@ class ToolCalls(GroupCommit):
             await self.tool_steps.run_call(run, self._commit_and_wait)
             run.parser = self.runtime.chat_format.new_parser()
             assert run.segment is not None
-            run.constraint = self.tool_steps.constraint_factory(self.runtime.new_constraint, run.fact)(
-                run.segment.calls_made
-            )
+            run.constraint = self._segment_constraint(run.fact)(run.segment.calls_made)
             self._tool_runs.pop(rid, None)
             if run.cancel_requested:
                 await self._end_queued(run, "cancelled")
