@@ -19,7 +19,6 @@ from service.agent import setup as agent_setup
 from service.agent.items import auto_container_id, wants_auto_container
 from service.agent.runtime import ToolRuntime
 from service.agent.setup import PreparedTools
-from service.agent.steps import approved_prompt
 from service.config import Settings
 from service.constraints.plan import constraint_spec
 from service.containers import Containers
@@ -109,7 +108,7 @@ class Commands:
             request, input_items, project=project
         )
         if server_tools.approved_call is not None:
-            approved = approved_prompt(prompt_ids, self.runtime.chat_format, prompt_request)
+            approved = self.runtime.chat_format.approved_call_prompt(prompt_request, prompt_ids)
             if approved is None:
                 raise InvalidRequest(
                     "An approving mcp_approval_response must be the last input item, right after its request.",
@@ -230,7 +229,7 @@ class Commands:
             input_items=input_items,
             background=request.background,
             project=project,
-            chat_format=self.runtime.chat_format.name,
+            reserved_labels=self.runtime.chat_format.reserved_server_labels,
             forced_label=choice.server_label if isinstance(choice := request.tool_choice, McpToolChoice) else None,
         )
         # The model sees function and custom tools as given, and each server's tools in its namespace.

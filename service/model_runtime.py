@@ -41,8 +41,8 @@ class ModelRuntime:
         """Raise InvalidRequest (400) unless every schema and grammar of the request compiles for this
         model, and unless the chat format can enforce what the request asks."""
         plan = plan_from_spec(list(prompt_request.tools), spec)
-        tokenizer_of = getattr(self.chat_format, "grammar_tokenizer", None)
-        if tokenizer_of is None:
+        tokenizer = self.chat_format.grammar_tokenizer()
+        if tokenizer is None:
             if plan.constrains_content:
                 raise InvalidRequest(
                     f"The {self.chat_format.name} format of this model cannot constrain its output: structured "
@@ -51,22 +51,15 @@ class ModelRuntime:
                     code="unsupported_value",
                 )
             return
-        refuse = getattr(self.chat_format, "refuse_plan", None)
-        problem = refuse(plan) if refuse is not None else None
+        problem = self.chat_format.refuse_plan(plan)
         if problem is not None:
             raise InvalidRequest(problem[0], param=problem[1], code="unsupported_value")
-        check_plan(plan, tokenizer_of(), max_bytes=max_grammar_bytes)
+        check_plan(plan, tokenizer, max_bytes=max_grammar_bytes)
 
     def new_constraint(
         self, prompt_request: PromptRequest, spec: dict[str, Any] | None = None
     ) -> LogitsConstraint | None:
         """A fresh constraint for one run. `spec` is the run's logged constraint fact (None for runs
         logged before constrained decoding existed: well-formed headers, any function call)."""
-        factory = getattr(self.chat_format, "constraint_for", None)
-        if factory is not None:
-            plan = plan_from_spec(list(prompt_request.tools), spec) if spec is not None else None
-            constraint: LogitsConstraint | None = (
-                factory(prompt_request, plan) if plan is not None else factory(prompt_request)
-            )
-            return constraint
-        return self.chat_format.new_constraint()
+        plan = plan_from_spec(list(prompt_request.tools), spec) if spec is not None else None
+        return self.chat_format.constraint_for(prompt_request, plan)

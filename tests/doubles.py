@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from service.engine.base import EngineError, LogitsConstraint, SamplingParams, TokenOutput
-from service.prompting.base import ItemDelta, ItemEnded, ItemStarted, OutputChunk, PromptRequest
+from service.prompting.base import ChatFormat, ItemDelta, ItemEnded, ItemStarted, OutputChunk, PromptRequest
 
 STOP = 0
 
@@ -91,7 +91,7 @@ class CharParser:
         return [ItemEnded()] if was_open else []
 
 
-class CharFormat:
+class CharFormat(ChatFormat):
     name = "chars"
 
     def render(self, request: PromptRequest) -> list[int]:

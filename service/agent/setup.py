@@ -42,12 +42,13 @@ async def prepare(
     input_items: list[dict[str, Any]],
     background: bool,
     project: str,
-    chat_format: str,
+    reserved_labels: frozenset[str] = frozenset(),
     forced_label: str | None = None,
 ) -> PreparedTools:
     """Raises InvalidRequest (400) for what the client got wrong; an unreachable server is an item error, or a
     424 (FailedDependency) when the request forces a call to it (`forced_label`): nothing else can go on.
-    A container the code interpreter names must be `project`'s, live (NotFound otherwise)."""
+    A container the code interpreter names must be `project`'s, live (NotFound otherwise). `reserved_labels`:
+    the server labels the model's format gives the code interpreter (ChatFormat.reserved_server_labels)."""
     settings, connector, sandbox_unavailable = runtime.settings, runtime.connector, runtime.sandbox_unavailable
     containers = runtime.containers
     specs = server_specs(raw_tools)
@@ -90,10 +91,10 @@ async def prepare(
         if spec.get("type") != "mcp":
             continue
         label = spec["server_label"]
-        if chat_format != "harmony" and label == "code_interpreter" and interpreters:
-            # chat templates name the code interpreter `code_interpreter.python` (chat_template_server_tools)
+        if label in reserved_labels and interpreters:
+            # e.g. chat templates name the code interpreter `code_interpreter.python` (chat_template_server_tools)
             raise InvalidRequest(
-                "With a code_interpreter tool, server_label 'code_interpreter' is reserved on this model.",
+                f"With a code_interpreter tool, server_label '{label}' is reserved on this model.",
                 param=f"tools[{index}].server_label",
             )
         headers = secrets.request_headers(spec)

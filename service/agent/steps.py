@@ -20,9 +20,7 @@ from service.agent.runtime import ToolRuntime
 from service.agent.segment import Segment
 from service.log.facts import RequestFact
 from service.prompting import harmony_tools
-from service.prompting.base import ChatFormat, PromptRequest
-from service.prompting.chat_template import ChatTemplateFormat
-from service.prompting.chat_template_server_tools import CODE_TOOL
+from service.prompting.base import ChatFormat
 from service.store.recorder import RunWrite
 from service.store.schema import DEFAULT_PROJECT
 from service.tools import secrets
@@ -77,34 +75,13 @@ class RunAtCall(Protocol):
 
 
 def result_tokens_for(chat_format: ChatFormat) -> Callable[[str, str, str | None, str | None], list[int]]:
-    """A call's result as the tokens that continue the run: Harmony's tool message, or the chat template's
-    rendering of a tool result (`ChatTemplateFormat.tool_result_tokens`); a pure function of the result."""
-    encoding = getattr(chat_format, "encoding", None)
+    """A call's result (its output, or its error) as the tokens that continue the run, in the format's own
+    rendering (`ChatFormat.server_tool_result_tokens`); a pure function of the result."""
 
     def result_tokens(namespace: str, name: str, output: str | None, error: str | None) -> list[int]:
-        text = harmony_tools.result_text(output, error)
-        if encoding is None:
-            if not isinstance(chat_format, ChatTemplateFormat):
-                raise RuntimeError(f"server-side tools are not supported by the {chat_format.name} format")
-            return chat_format.tool_result_tokens(CODE_TOOL if namespace == "python" else f"{namespace}.{name}", text)
-        return harmony_tools.tool_result_tokens(encoding, harmony_tools.tool_author(namespace, name), text)
+        return chat_format.server_tool_result_tokens(namespace, name, harmony_tools.result_text(output, error))
 
     return result_tokens
-
-
-def approved_prompt(prompt_ids: list[int], chat_format: ChatFormat, request: PromptRequest) -> list[int] | None:
-    """The prompt of a run that starts by executing an approved call: it ends at that call's `<|call|>`
-    (the rendered completion suffix `<|start|>assistant` removed), or, on a chat template, at the end of the
-    call's turn. None when it does not end so."""
-    if isinstance(chat_format, ChatTemplateFormat):
-        return chat_format.approved_call_prompt(request, prompt_ids)
-    encoding = getattr(chat_format, "encoding", None)
-    if encoding is None:
-        return None
-    suffix = list(encoding.encode("<|call|><|start|>assistant", allowed_special="all"))
-    if prompt_ids[-len(suffix) :] != suffix:
-        return None
-    return prompt_ids[: -len(suffix) + 1]
 
 
 @dataclass(frozen=True)

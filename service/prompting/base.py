@@ -6,12 +6,18 @@ instead of `if use_harmony` branches everywhere.
 
 from __future__ import annotations
 
+import abc
 import copy
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from service.engine.base import LogitsConstraint
 from service.engine.prefix_cache import common_prefix_length
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from service.constraints.plan import DecodingPlan
 
 OutputKind = Literal["reasoning", "message", "function_call"]
 
@@ -71,30 +77,69 @@ class OutputParser(Protocol):
         ...
 
 
-class ChatFormat(Protocol):
-    name: str  # "harmony" | "chat_template"
+class ChatFormat(abc.ABC):
+    """What every format does (the abstract methods), then what a format may be able to do: each capability
+    has an explicit "unsupported" default here, so callers ask the format instead of sniffing for attributes."""
 
+    name: str  # "harmony" | "chat_template"
+    # MCP server labels a request with a code_interpreter tool may not use: the code interpreter's own namespace in
+    # this format's tool list (a chat template's `code_interpreter.python`). Default: none.
+    reserved_server_labels: frozenset[str] = frozenset()
+
+    @abc.abstractmethod
     def render(self, request: PromptRequest) -> list[int]:
         """Prompt token ids, ending where the assistant's completion begins."""
-        ...
 
+    @abc.abstractmethod
     def stop_token_ids(self) -> frozenset[int]: ...
 
+    @abc.abstractmethod
     def new_parser(self) -> OutputParser: ...
 
+    @abc.abstractmethod
     def new_constraint(self) -> LogitsConstraint | None:
         """A fresh grammar for one completion, or None when the format needs none."""
-        ...
 
+    @abc.abstractmethod
     def encode_text(self, text: str) -> list[int]:
         """Plain text (special tokens in it taken as text) as the format tokenizes a message's text."""
-        ...
 
+    @abc.abstractmethod
     def count_tokens(self, text: str) -> int: ...
 
+    @abc.abstractmethod
     def token_text(self, token_id: int) -> str:
         """One token as text (for logprobs); a token that is part of a UTF-8 sequence decodes lossily."""
-        ...
+
+    # -- capabilities, each with its "unsupported" default ----------------------------------------------------------
+
+    def grammar_tokenizer(self) -> llguidance.LLTokenizer | None:
+        """The llguidance tokenizer over this format's vocabulary; None (the default): the format cannot
+        constrain its output, so structured outputs, custom tools, strict functions and forced tool_choice are
+        refused (ModelRuntime.check_constraints)."""
+        return None
+
+    def refuse_plan(self, plan: DecodingPlan) -> tuple[str, str] | None:
+        """(message, param) when a decoding plan needs what this format cannot enforce; None (the default): what
+        compiles for its grammar tokenizer can be enforced."""
+        return None
+
+    def constraint_for(self, request: PromptRequest, plan: DecodingPlan | None = None) -> LogitsConstraint | None:
+        """A fresh constraint for one completion of `request` under `plan` (None: a run logged before constrained
+        decoding existed). Default: `new_constraint()`, the format's own grammar, whatever the request and plan."""
+        return self.new_constraint()
+
+    def server_tool_result_tokens(self, namespace: str, name: str, text: str) -> list[int]:
+        """The tokens that continue a run after its call to server-side tool `namespace` (an MCP server_label, or
+        `python`) `name` returned `text`: a pure function of these, so replay rebuilds the same continuation.
+        Default: server-side tools are not supported (NotImplementedError, which fails the run)."""
+        raise NotImplementedError(f"server-side tools are not supported by the {self.name} format")
+
+    def approved_call_prompt(self, request: PromptRequest, prompt_ids: list[int]) -> list[int] | None:
+        """The prompt of a run that starts by executing the approved MCP call `request`'s items end with
+        (`prompt_ids` rendered from them), cut where that call ends; None when the items do not end so, and
+        (the default) when the format cannot start a run at an approved call."""
+        return None
 
 
 def next_turn_prefix(chat_format: ChatFormat, request: PromptRequest, outputs: list[ConversationItem]) -> list[int]:

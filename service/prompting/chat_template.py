@@ -17,6 +17,7 @@ from service.constraints.plan import PYTHON_TARGET, DecodingPlan
 from service.constraints.tokenizer import hf_tokenizer
 from service.engine.base import LogitsConstraint
 from service.prompting.base import (
+    ChatFormat,
     ConversationItem,
     ItemDelta,
     ItemEnded,
@@ -25,6 +26,7 @@ from service.prompting.base import (
     PromptRequest,
 )
 from service.prompting.chat_template_server_tools import (
+    CODE_TOOL,
     code_tool,
     ends_with_approved_call,
     model_tool_name,
@@ -250,10 +252,12 @@ class CallParsingTextParser:
         return self._calls.feed(self._detok.flush()) + self._calls.finish()
 
 
-class ChatTemplateFormat:
+class ChatTemplateFormat(ChatFormat):
     """ChatFormat backed by a local transformers tokenizer with a chat template."""
 
     name = "chat_template"
+    # The code interpreter is the function `code_interpreter.python` (chat_template_server_tools.CODE_TOOL).
+    reserved_server_labels = frozenset({CODE_TOOL.partition(".")[0]})
 
     def __init__(self, model_dir: Path, extra_stop_ids: Sequence[int] = ()) -> None:
         self.model_dir = Path(model_dir)
@@ -353,6 +357,10 @@ class ChatTemplateFormat:
 
         text = result_text_after_turn(render_text, str(self.tokenizer.eos_token), name, result)
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def server_tool_result_tokens(self, namespace: str, name: str, text: str) -> list[int]:
+        """`tool_result_tokens` of the function the model called: `SERVER_LABEL.NAME`, or CODE_TOOL."""
+        return self.tool_result_tokens(CODE_TOOL if namespace == "python" else f"{namespace}.{name}", text)
 
     def approved_call_prompt(self, request: PromptRequest, prompt_ids: list[int]) -> list[int] | None:
         """The prompt of a run that starts by executing the approved call its items end with: cut right after

@@ -24,11 +24,11 @@ from openai_harmony import (
 
 from service.constraints.plan import DecodingPlan
 from service.constraints.tokenizer import harmony_tokenizer
-from service.prompting.base import ConversationItem, FunctionTool, PromptRequest
+from service.prompting.base import ChatFormat, ConversationItem, FunctionTool, PromptRequest
 from service.prompting.harmony_constraint import HarmonyHeaderConstraint, HarmonyVocab
 from service.prompting.harmony_parser import FUNCTIONS_PREFIX, HarmonyOutputParser
 from service.prompting.harmony_render import BoundedRenderer
-from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages
+from service.prompting.harmony_tools import SERVER_ITEM_TYPES, server_item_messages, tool_author, tool_result_tokens
 from service.protocol.client_tools import as_function_item
 from service.protocol.items import unseen_part_text
 from service.vocab import load_harmony
@@ -198,7 +198,7 @@ def drop_earlier_reasoning(messages: list[Message]) -> list[Message]:
     return [m for i, m in enumerate(messages) if not (i < last_final and m.channel == "analysis")]
 
 
-class HarmonyFormat:
+class HarmonyFormat(ChatFormat):
     """ChatFormat for Harmony models. Stateless and shared by all requests; use
     `constraint_for(request)` (not new_constraint()) so the request's function tools can be called."""
 
@@ -300,3 +300,15 @@ class HarmonyFormat:
 
     def count_tokens(self, text: str) -> int:
         return len(self.encode_text(text))
+
+    def server_tool_result_tokens(self, namespace: str, name: str, text: str) -> list[int]:
+        """The tool's message (author `namespace.name`, or `python`), then `<|start|>assistant` (harmony_tools)."""
+        return tool_result_tokens(self.encoding, tool_author(namespace, name), text)
+
+    def approved_call_prompt(self, request: PromptRequest, prompt_ids: list[int]) -> list[int] | None:
+        """The rendered prompt ends at the approved call's `<|call|>` (its completion suffix `<|start|>assistant`
+        removed); None when it does not end with a call."""
+        suffix = list(self.encoding.encode("<|call|><|start|>assistant", allowed_special="all"))
+        if prompt_ids[-len(suffix) :] != suffix:
+            return None
+        return prompt_ids[: -len(suffix) + 1]
