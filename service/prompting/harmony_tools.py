@@ -58,7 +58,8 @@ def server_item_messages(item: dict[str, Any], items: Sequence[dict[str, Any]]) 
     """A server-side tool's history item as the Harmony messages the model saw (or would have seen).
 
     An approval request whose call later ran is shown once, by its `mcp_call`; a refused one is followed by
-    a tool message saying so; an approved one not yet run ends the prompt at its `<|call|>` (tool_steps)."""
+    a tool message saying so; an approved one not yet run ends the prompt at its `<|call|>`
+    (HarmonyFormat.approved_call_prompt)."""
     kind = item.get("type")
     if kind == "mcp_approval_response" and not item.get("approve"):
         request = next(
