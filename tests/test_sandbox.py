@@ -457,3 +457,33 @@ def test_probe_names_the_fallbacks_without_cgroups(sandbox: Sandbox) -> None:
     assert "shared by all executions" in described
     assert "per execution" not in described
     assert "cgroup v1" in sandbox.describe_limits(True) or "cgroup v2" in sandbox.describe_limits(True)
+
+
+def test_a_program_that_never_reads_its_code_fails_the_probe_without_raising_elsewhere(sandbox: Sandbox) -> None:
+    """A sandboxed process that ends before reading its program (its stdin closed under the writer, which
+    uvloop reports as a RuntimeError) is a failed run, and a probe that fails every time says why: the server
+    starts without the code interpreter instead of dying in its lifespan."""
+    import uvloop
+
+    box = Sandbox(sandbox.root, sandbox.limits, python="/usr/bin/true")
+
+    async def probe() -> str:
+        return await box.probe()
+
+    with pytest.raises(SandboxUnavailable, match=r"sandbox probe failed \(exit 0\)"):
+        uvloop.run(probe())
+
+
+def test_a_probe_that_fails_once_is_tried_again(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = Sandbox(sandbox.root, sandbox.limits)
+    real_run, calls = Sandbox.run, []
+
+    async def flaky(self: Sandbox, container_id: str, code: str, *, tenant: str = "default") -> SandboxResult:
+        calls.append(container_id)
+        if len(calls) == 1:
+            return SandboxResult(stdout="", stderr="fork: Resource temporarily unavailable", exit_code=1)
+        return await real_run(self, container_id, code, tenant=tenant)
+
+    monkeypatch.setattr(Sandbox, "run", flaky)
+    assert "bubblewrap sandbox" in asyncio.run(box.probe())
+    assert len(calls) == 2 and calls[0] != calls[1]

@@ -35,5 +35,8 @@ async def report_sandbox(settings: Settings) -> str | None:
     except (SandboxUnavailable, OSError) as exc:
         log.warning("code interpreter unavailable: %s", exc)
         return str(exc)
+    except Exception as exc:  # a fault of the probe itself must not stop the server: it serves without the tool
+        log.exception("code interpreter unavailable: its sandbox probe raised")
+        return f"the sandbox probe raised {type(exc).__name__}: {exc}"
     log.info("code interpreter available: %s", described)
     return None

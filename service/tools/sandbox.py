@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import re
 import shutil
@@ -81,7 +82,9 @@ from service.tools.sandbox_command import NOBODY, SandboxLimits, sandbox_command
 
 _ENV = {"PATH": "/usr/bin:/bin"}  # all the chain (sh, setpriv, prlimit, bwrap) is given; bwrap clears it for the code
 _DISK_POLL_SECONDS = 0.1
+log = logging.getLogger(__name__)
 _probes = itertools.count()
+_PROBE_ATTEMPTS = 3
 _CONTAINER_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 
@@ -212,7 +215,9 @@ class Sandbox:
                 proc.stdin.write(code.encode("utf-8", "surrogatepass"))
                 await proc.stdin.drain()
                 proc.stdin.close()
-            except (BrokenPipeError, ConnectionResetError):
+            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                # The process ended before reading its program (uvloop says so with a RuntimeError on the closed
+                # transport): its exit status and stderr are the result.
                 pass
 
         async def drain(stream: asyncio.StreamReader, sink: bytearray) -> None:
@@ -273,17 +278,26 @@ class Sandbox:
         if not Path(self.python).exists():
             raise SandboxUnavailable(f"{self.python} is missing")
         code = "import os\nprint(6 * 7, os.getuid(), 'Seccomp:\\t2' in open('/proc/self/status').read())"
-        container = f"probe-{os.getpid()}-{next(_probes)}"  # its own: probes running at once do not collide
-        try:
-            result = await self.run(container, code, tenant="probe")
-            mounted = os.path.ismount(self.root / container)
-        except OSError as exc:
-            raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from exc
-        finally:
-            self.remove(container)
-        fields = result.stdout.split()
-        if not fields or fields[0] != "42":
-            raise SandboxUnavailable(f"sandbox probe failed: {(result.stderr or result.stdout).strip()[-300:]}")
+        # A failed trivial run is tried again (a fork refused under a momentary process limit, a busy machine):
+        # only a sandbox that fails every time is reported unavailable.
+        for attempt in range(_PROBE_ATTEMPTS):
+            container = f"probe-{os.getpid()}-{next(_probes)}"  # its own: probes running at once do not collide
+            try:
+                result = await self.run(container, code, tenant="probe")
+                mounted = os.path.ismount(self.root / container)
+            except OSError as exc:
+                raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from exc
+            finally:
+                self.remove(container)
+            fields = result.stdout.split()
+            if fields and fields[0] == "42":
+                break
+            said = (result.stderr or result.stdout).strip()[-300:]
+            reason = f"sandbox probe failed (exit {result.exit_code}): {said}"
+            if attempt + 1 == _PROBE_ATTEMPTS:
+                raise SandboxUnavailable(reason)
+            log.warning("%s; trying again", reason)
+            await asyncio.sleep(0.5 * (attempt + 1))
         seccomp = "seccomp filter on" if fields[2:] == ["True"] else "NO seccomp filter (install python3-seccomp)"
         return f"bubblewrap sandbox with {self.python}, uid {fields[1]}, {seccomp}; {self.describe_limits(mounted)}"
 
