@@ -14,7 +14,7 @@ from typing import Any
 
 from service.engine.scripted import Rule, write_scripted_model
 from tests.api_helpers import client_for
-from tests.conftest import ServerProcess, server_on_backend
+from tests.conftest import ServerProcess, app_on_backend
 
 MODEL = "scripted"
 BOUND = 64  # max output tokens in every request: far above each script, a bound should a script go astray
@@ -39,7 +39,7 @@ RULES = [
 def scripted_server(tmp: Path) -> Iterator[ServerProcess]:
     """The body of a module-scoped `server` fixture: a server on SQLite serving RULES as model MODEL."""
     model = write_scripted_model(tmp / "scripted-model", RULES, model_id=MODEL)
-    yield from server_on_backend("sqlite", tmp, SERVICE_MODEL=str(model))
+    yield from app_on_backend("sqlite", tmp, SERVICE_MODEL=str(model))
 
 
 def stored(server: ServerProcess, response_id: str) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """Shared fixtures: databases (SQLite files and the running PostgreSQL), the models (the random one
-servers run by default, the trained built-in one), and real server processes started with
-`python -m service serve` on loopback ports."""
+servers run by default, the trained built-in one), and the servers the API tests talk to on loopback ports:
+the real app served in this process (InProcessServer: `app_on_backend`, `app_factory`) where nothing is killed,
+and `python -m service serve` in a subprocess (ServerProcess: `server_on_backend`, `server_factory`) where a
+test kills, restarts or replicates the server, starts it from the CLI or measures the server process alone."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -15,28 +18,24 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-# Suites that start servers and kill, restart or replicate them: the README's test command (and CI) runs
-# them with the rest; `-m "not slow"` leaves them out for a quicker run while working (about a third less).
-SLOW_MODULES = frozenset(
-    {
-        "test_durability",
-        "test_chaos",
-        "test_compaction",
-        "test_conversations",
-        "test_server_tools",
-        "test_chat_template_server_tools",
-    }
-)
+if TYPE_CHECKING:
+    from service.config import Settings
+
+# Suites that start server processes and kill, restart or replicate them: the README's test command (and CI) runs
+# them with the rest; `-m "not slow"` leaves them out for a quicker run while working.
+SLOW_MODULES = frozenset({"test_durability", "test_chaos", "test_server_tools", "test_chat_template_server_tools"})
 
 
 # The files that take longest (`--durations`, one worker, 2-core EPYC), started first: pytest-xdist
@@ -215,9 +214,9 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 90) -> ServerProcess:
-        env = {
-            **os.environ,
+    def settings_env(self) -> dict[str, str]:
+        """The SERVICE_* variables the server runs with: the tests' defaults, then the test's own."""
+        return {
             "SERVICE_DATABASE_URL": self.database_url,
             "SERVICE_MODEL_CACHE": str(MODEL_CACHE),
             "SERVICE_INTRA_OP_THREADS": "1",
@@ -227,6 +226,9 @@ class ServerProcess:
             "SERVICE_MODEL": str(random_model()),
             **self.env,
         }
+
+    def start(self, timeout: float = 90) -> ServerProcess:
+        env = {**os.environ, **self.settings_env()}
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -279,9 +281,113 @@ class ServerProcess:
         self.process = None
 
 
-def server_on_backend(backend: str, tmp: Path, **env: str) -> Iterator[ServerProcess]:
-    """A started server on a fresh "sqlite" or "postgresql" database, stopped (and the database dropped)
-    afterwards: the body of the module-scoped `server` fixtures (`yield from server_on_backend(...)`)."""
+class InProcessServer(ServerProcess):
+    """The same server in this process: the real app (`service.app.create_app`, its lifespan run on start and stop)
+    on the real database and model, served by uvicorn on a loopback port from a thread of its own (whose event loop
+    is the app's). Tests reach it over HTTP as they reach a subprocess (`.url`: the sync openai client, httpx, SSE
+    streams, websockets), without the seconds a process costs to start (interpreter, imports, model load). Its log
+    lines are written to `log_path` as JSON, as the CLI writes them. Settings come from the SERVICE_* variables
+    only: what a process would read from other variables (PROMETHEUS_MULTIPROC_DIR) needs a ServerProcess, and so
+    does a test that kills, replicates or starts servers from the CLI. `stop` then `start` is a graceful restart on
+    the same database: a new app, engine and model, as a new process would have (what modules cache is derived from
+    code and model files, never from the database)."""
+
+    def __init__(self, database_url: str, log_path: Path, *, log_level: str = "warning", **env: str) -> None:
+        super().__init__(database_url, log_path, log_level=log_level, **env)
+        self.app: Any = None
+        self._server: _ThreadServer | None = None
+        self._thread: threading.Thread | None = None
+        self._log_handler: logging.Handler | None = None
+        self._root_level = logging.WARNING
+
+    def start(self, timeout: float = 90) -> InProcessServer:
+        from service.config import Settings
+        from service.observability import JsonFormatter
+
+        assert self._thread is None, "already started"
+        env = self.settings_env()
+        named = {f"SERVICE_{field.upper()}" for field in Settings.model_fields}
+        unknown = sorted(set(env) - named)
+        if unknown:
+            raise ValueError(f"{unknown} are not settings: a server that reads them runs as a ServerProcess")
+        # As `python -m service serve --host 127.0.0.1`: the environment's settings, then the test's.
+        settings = Settings.from_env(**{name[len("SERVICE_") :].lower(): value for name, value in env.items()})
+        settings = settings.model_copy(update={"listen_host": "127.0.0.1"})
+        handler = logging.FileHandler(self.log_path, encoding="utf-8")
+        handler.setFormatter(JsonFormatter())
+        handler.setLevel(self.log_level.upper())
+        root = logging.getLogger()
+        self._root_level = root.level
+        root.addHandler(handler)
+        root.setLevel(min(root.level, handler.level))
+        self._log_handler = handler
+        try:
+            self._serve(settings, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _serve(self, settings: Settings, timeout: float) -> None:
+        from service.app import create_app
+        from service.models import load_runtime
+
+        self.app = create_app(settings, runtime=load_runtime(settings))
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level=self.log_level,
+            timeout_graceful_shutdown=10,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
+        server = self._server = _ThreadServer(config)
+        thread = self._thread = threading.Thread(target=server.run, name=f"server-{self.port}", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start; see {self.log_path}:\n" + self.log_path.read_text()[-3000:])
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """As SIGTERM stops `serve`: the app drains (SSE tails end, runs are handed back), then uvicorn shuts down
+        and the lifespan ends (the supervisor, the notifier, the database)."""
+        from service.app import begin_drain
+
+        server, thread = self._server, self._thread
+        if server is not None and thread is not None:
+            if server.started and server.loop is not None and thread.is_alive():
+                asyncio.run_coroutine_threadsafe(begin_drain(self.app), server.loop).result(timeout=60)
+            server.should_exit = True
+            thread.join(timeout=60)
+            if thread.is_alive():
+                raise RuntimeError(f"in-process server on port {self.port} did not stop; see {self.log_path}")
+        self._server = self._thread = self.app = None
+        if self._log_handler is not None:
+            root = logging.getLogger()
+            root.removeHandler(self._log_handler)
+            root.setLevel(self._root_level)
+            self._log_handler.close()
+            self._log_handler = None
+
+    def kill(self) -> None:
+        raise TypeError("an in-process server cannot be killed: tests that kill a server start a ServerProcess")
+
+
+class _ThreadServer(uvicorn.Server):
+    """uvicorn's server, remembering its event loop (its thread's) so that `stop` can drain the app on it."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+
+def _on_backend(kind: type[ServerProcess], backend: str, tmp: Path, env: dict[str, str]) -> Iterator[ServerProcess]:
     name = None
     if backend == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
@@ -289,21 +395,50 @@ def server_on_backend(backend: str, tmp: Path, **env: str) -> Iterator[ServerPro
         if _PG_SKIP_REASON:
             pytest.skip(_PG_SKIP_REASON)
         url, name = create_postgres_database()
-    process = ServerProcess(url, tmp / "server.log", **env).start()
+    server = kind(url, tmp / "server.log", **env).start()
     try:
-        yield process
+        yield server
     finally:
-        process.stop()
+        server.stop()
         if name:
             drop_postgres_database(name)
 
 
+def server_on_backend(backend: str, tmp: Path, **env: str) -> Iterator[ServerProcess]:
+    """A started server process on a fresh "sqlite" or "postgresql" database, stopped (and the database dropped)
+    afterwards: the body of the module-scoped `server` fixtures (`yield from server_on_backend(...)`) of the
+    suites that kill, restart or replicate it."""
+    yield from _on_backend(ServerProcess, backend, tmp, env)
+
+
+def app_on_backend(backend: str, tmp: Path, **env: str) -> Iterator[ServerProcess]:
+    """As server_on_backend, with the server in this process (InProcessServer): the module-scoped `server`
+    fixtures of the suites where nothing is killed (`yield from app_on_backend(...)`)."""
+    yield from _on_backend(InProcessServer, backend, tmp, env)
+
+
 @pytest.fixture
 def server_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
+    """`server_factory(database_url, **env)`: a ServerProcess, not started; stopped after the test."""
     servers: list[ServerProcess] = []
 
     def make(database_url: str, **env: str) -> ServerProcess:
         server = ServerProcess(database_url, tmp_path / f"server-{len(servers)}.log", **env)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def app_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
+    """As server_factory, making InProcessServers."""
+    servers: list[ServerProcess] = []
+
+    def make(database_url: str, **env: str) -> ServerProcess:
+        server = InProcessServer(database_url, tmp_path / f"app-{len(servers)}.log", **env)
         servers.append(server)
         return server
 

@@ -49,21 +49,21 @@ def _first_and_last_positions(database_url: str, response_id: str) -> tuple[int,
 
 
 def test_runs_beyond_the_budget_wait_in_the_queue(
-    tmp_path: Path, server_factory: Callable[..., ServerProcess], random_model_dir: Path
+    tmp_path: Path, app_factory: Callable[..., ServerProcess], random_model_dir: Path
 ) -> None:
     per_run = OnnxEngine(random_model_dir, intra_op_threads=1).kv_bytes_per_sequence()
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
     # Queue three runs behind one slot (run 0, long, starts; 1 and 2 wait), then restart with room for two KV
     # caches and a half: the first claim takes runs 0 and 1 together, and run 2 waits until run 1 has ended.
     # Run 0 is too long to end by itself meanwhile (whatever the machine's speed) and is cancelled at the end.
-    server = server_factory(url, SERVICE_MAX_ACTIVE_RUNS="1").start()
+    server = app_factory(url, SERVICE_MAX_ACTIVE_RUNS="1").start()
     client = client_for(server.url)
     ids = [
         client.responses.create(input=f"run {n}", max_output_tokens=4000 if n == 0 else 300, background=True).id
         for n in range(3)
     ]
     server.stop()
-    server = server_factory(url, SERVICE_KV_CACHE_BUDGET_BYTES=str(per_run * 5 // 2)).start()
+    server = app_factory(url, SERVICE_KV_CACHE_BUDGET_BYTES=str(per_run * 5 // 2)).start()
     client = client_for(server.url)
     for response_id in ids[1:]:
         assert wait_until_terminal(client, response_id).status == "incomplete"

@@ -1,5 +1,5 @@
-"""End to end: the real server (`python -m service serve`) on the built-in int8 ONNX model,
-driven by the official openai client, on SQLite and on PostgreSQL."""
+"""End to end: the real app (served in this process, tests/conftest.py InProcessServer) on the built-in int8
+ONNX model, driven by the official openai client, on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.api_helpers import (
     text_from_deltas,
     wait_until_terminal,
 )
-from tests.conftest import ServerProcess, server_on_backend
+from tests.conftest import ServerProcess, app_on_backend
 
 LONG = 3000  # output tokens: long enough to still be running when a test cancels or disconnects
 
@@ -37,7 +37,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"api-{request.param}")
-    yield from server_on_backend(request.param, tmp, SERVICE_MAX_BODY_BYTES="200000")
+    yield from app_on_backend(request.param, tmp, SERVICE_MAX_BODY_BYTES="200000")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from service.engine.model_dir import (
     read_manifest,
 )
 from tests.api_helpers import client_for
-from tests.conftest import ServerProcess, server_on_backend
+from tests.conftest import ServerProcess, app_on_backend
 
 # The targets; the manifest records what bench/builtin_quality.py measured.
 TARGETS = {
@@ -136,7 +136,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, builtin_model_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"builtin-{request.param}")
-    yield from server_on_backend(request.param, tmp, SERVICE_MODEL=str(builtin_model_dir))
+    yield from app_on_backend(request.param, tmp, SERVICE_MODEL=str(builtin_model_dir))
 
 
 @pytest.fixture

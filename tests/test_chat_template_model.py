@@ -58,9 +58,9 @@ def test_model_info_reports_an_int8_standard_graph(chat_model_dir: Path) -> None
 
 
 def test_chat_template_model_serves_plain_and_streaming(
-    chat_model_dir: Path, database_url: str, server_factory: Callable[..., ServerProcess]
+    chat_model_dir: Path, database_url: str, app_factory: Callable[..., ServerProcess]
 ) -> None:
-    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    server = app_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
     client = client_for(server.url)
     assert [m.id for m in client.models.list().data] == ["tiny-chatml"]
     response = client.responses.create(input="Hello", instructions="Be brief.", max_output_tokens=20)
@@ -75,7 +75,7 @@ def test_chat_template_model_serves_plain_and_streaming(
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_chat_template_model_structured_output(
-    chat_model_dir: Path, database_url: str, server_factory: Callable[..., ServerProcess]
+    chat_model_dir: Path, database_url: str, app_factory: Callable[..., ServerProcess]
 ) -> None:
     """text.format constrains a chat-template model's whole completion; forced and strict calls are
     written in the template's `<tool_call>` syntax and parsed into function_call items; custom tools
@@ -90,7 +90,7 @@ def test_chat_template_model_structured_output(
         "additionalProperties": False,
     }
     text: Any = {"format": {"type": "json_schema", "name": "r", "schema": schema, "strict": True}}
-    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    server = app_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
     client = client_for(server.url)
     for seed in (1, 2):
         response = client.responses.create(input="Answer", text=text, max_output_tokens=60, extra_body={"seed": seed})

@@ -89,12 +89,12 @@ def test_tools_named_by_label_and_results_rendered_by_the_template(tmp_path: Pat
 
 
 def test_forced_mcp_call_round_trip(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     chat_model_dir: Path,  # noqa: F811
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    server: ServerProcess = app_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
     client = client_for(server.url)
     before = len(calls_to(mcp_server, "pick"))
     response = client.responses.create(
@@ -137,7 +137,7 @@ def test_forced_mcp_call_round_trip(
 
 
 def test_code_interpreter_round_trip(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     chat_model_dir: Path,  # noqa: F811
 ) -> None:
@@ -148,7 +148,7 @@ def test_code_interpreter_round_trip(
         "SERVICE_CODE_INTERPRETER_MAX_CODE_CHARS": "30",
         "SERVICE_SANDBOX_DIR": str(sandbox_dir / "c"),
     }
-    server: ServerProcess = server_factory(database_url, **env).start()
+    server: ServerProcess = app_factory(database_url, **env).start()
     client = client_for(server.url)
     response = client.responses.create(
         input="compute something",
@@ -177,12 +177,12 @@ def test_code_interpreter_round_trip(
 
 
 def test_approval_request_then_approve_or_refuse(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     chat_model_dir: Path,  # noqa: F811
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    server: ServerProcess = app_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
     client = client_for(server.url)
     tool = mcp_tool(mcp_server, require_approval="always", allowed_tools=["pick"])
     before = len(calls_to(mcp_server, "pick"))

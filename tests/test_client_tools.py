@@ -20,7 +20,7 @@ from pydantic import TypeAdapter
 
 from service.protocol.client_tools import CLIENT_FUNCTIONS, as_function_item
 from tests.api_helpers import assert_well_formed_stream, client_for
-from tests.conftest import ServerProcess, server_on_backend
+from tests.conftest import ServerProcess, app_on_backend
 from tests.test_chat_template_model import chat_model_dir  # noqa: F401 (fixture)
 
 OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
@@ -42,7 +42,7 @@ SHELL_OUTPUT = [{"stdout": "hello\n", "stderr": "", "outcome": {"type": "exit", 
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path
 ) -> Iterator[ServerProcess]:
-    yield from server_on_backend(request.param, tmp_path_factory.mktemp(f"client-tools-{request.param}"), **BUDGET)
+    yield from app_on_backend(request.param, tmp_path_factory.mktemp(f"client-tools-{request.param}"), **BUDGET)
 
 
 @pytest.fixture
@@ -207,11 +207,11 @@ def test_forcing_a_client_tool_the_request_lacks_is_a_400(server: ServerProcess)
 def test_a_chat_template_model_calls_client_tools_as_functions(
     chat_model_dir: Path,  # noqa: F811
     database_url: str,
-    server_factory: Callable[..., ServerProcess],
+    app_factory: Callable[..., ServerProcess],
 ) -> None:
     """A chat-template model is offered the same functions: its forced `<tool_call>` comes back as a shell_call,
     and the shell_call_output continues the conversation."""
-    server = server_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
+    server = app_factory(database_url, SERVICE_MODEL=str(chat_model_dir)).start()
     client = client_for(server.url)
     tools = [{"type": "shell"}]
     response, _ = _completed(server, {"input": "x", "tools": tools, "tool_choice": {"type": "shell"}})

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from service.engine.scripted import Rule, write_scripted_model
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ROOT, InProcessServer, ServerProcess
 
 CODEX_VERSION = "0.171.0"  # what .ci/run installs
 CODEX_JS = ROOT / ".ci" / "codex" / "node_modules" / "@openai" / "codex" / "bin" / "codex.js"
@@ -52,7 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("codex")
     model = write_scripted_model(tmp / "scripted-model", RULES)
     url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
-    process = ServerProcess(url, tmp / "server.log", log_level="info", SERVICE_MODEL=str(model)).start()
+    process = InProcessServer(url, tmp / "server.log", log_level="info", SERVICE_MODEL=str(model)).start()
     try:
         yield process
     finally:

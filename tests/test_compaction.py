@@ -39,9 +39,9 @@ def _history(client: openai.OpenAI) -> tuple[str, list[Any]]:
     return previous, [item.model_dump(exclude_none=True) for item in client.responses.input_items.list(previous)]
 
 
-def test_compact_round_trip_and_tampering(database_url: str, server_factory: ServerFactory) -> None:
+def test_compact_round_trip_and_tampering(database_url: str, app_factory: ServerFactory) -> None:
     key = new_key()
-    server = server_factory(database_url, SERVICE_SECRET_KEY=key).start()
+    server = app_factory(database_url, SERVICE_SECRET_KEY=key).start()
     client = client_for(server.url)
     model = client.models.list().data[0].id
     last, _ = _history(client)
@@ -90,8 +90,8 @@ def test_compact_round_trip_and_tampering(database_url: str, server_factory: Ser
     assert unknown.value.code == "unknown_parameter"
 
 
-def test_compaction_item_from_another_key_is_refused(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, SERVICE_SECRET_KEY=new_key()).start()
+def test_compaction_item_from_another_key_is_refused(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, SERVICE_SECRET_KEY=new_key()).start()
     client = client_for(server.url)
     other = compaction.seal(compaction.compaction_key(new_key(), b""), project="default", compaction_id="cmp_x")
     with pytest.raises(openai.BadRequestError) as refused:
@@ -99,8 +99,8 @@ def test_compaction_item_from_another_key_is_refused(database_url: str, server_f
     assert refused.value.code == "invalid_encrypted_content"
 
 
-def test_context_management_compacts_past_the_threshold(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_context_management_compacts_past_the_threshold(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     last, _ = _history(client)
     full = client.responses.input_tokens.count(previous_response_id=last, input="And my name?").input_tokens
@@ -136,10 +136,10 @@ def test_sealed_content_is_bound_to_key_and_project() -> None:
             compaction.open_sealed(used, project=project, content=sealed, param="x")
 
 
-def test_state_is_server_side_with_a_stored_key(database_url: str, server_factory: ServerFactory) -> None:
+def test_state_is_server_side_with_a_stored_key(database_url: str, app_factory: ServerFactory) -> None:
     """Without SERVICE_SECRET_KEY: the key is the database's (survives a restart, shared by replicas);
     the item refers to a `compactions` row of its project; once that row is gone the item is refused."""
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     model = client.models.list().data[0].id
     last, _ = _history(client)
@@ -160,7 +160,7 @@ def test_state_is_server_side_with_a_stored_key(database_url: str, server_factor
     counted = client.responses.input_tokens.count(input=again).input_tokens
 
     server.stop()
-    replica = server_factory(database_url).start()  # a fresh process: same stored key
+    replica = app_factory(database_url).start()  # a fresh app (the key is read from the database): the same key
     other = client_for(replica.url)
     assert other.responses.input_tokens.count(input=again).input_tokens == counted
 
@@ -173,10 +173,10 @@ def test_state_is_server_side_with_a_stored_key(database_url: str, server_factor
     assert report.returncode == 0, report.stdout + report.stderr
 
 
-def test_managed_response_carries_its_compaction_item(database_url: str, server_factory: ServerFactory) -> None:
+def test_managed_response_carries_its_compaction_item(database_url: str, app_factory: ServerFactory) -> None:
     """Like OpenAI's: a response compacted by `context_management` has the `compaction` item first in its
     `output`, streamed as added/compacting/done (strictly the SDK's types), logged, and replayed the same."""
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     last, _ = _history(client)
     full = client.responses.input_tokens.count(previous_response_id=last, input="And my name?").input_tokens
@@ -223,7 +223,7 @@ def test_managed_response_carries_its_compaction_item(database_url: str, server_
     server.stop()
 
     # After the replay window its stream is compacted to a token record and still replays byte for byte.
-    server = server_factory(database_url, **COMPACT_AT_ONCE).start()
+    server = app_factory(database_url, **COMPACT_AT_ONCE).start()
     recorded = "SELECT kind FROM run_facts WHERE response_id = :rid AND kind IN ('token_record', 'not_compactable')"
     deadline = time.monotonic() + 60
     while not sql_rows(database_url, recorded, rid=response_id) and time.monotonic() < deadline:

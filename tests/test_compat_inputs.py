@@ -19,7 +19,7 @@ import zstandard
 from openai.types.responses import Response
 
 from tests.api_helpers import client_for, sql_rows
-from tests.conftest import ServerProcess, server_on_backend
+from tests.conftest import ServerProcess, app_on_backend
 from tests.test_conformance import OPENAI_ITEM, assert_response_conforms
 
 ServerFactory = Callable[..., ServerProcess]
@@ -33,7 +33,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"compat-{request.param}")
-    yield from server_on_backend(request.param, tmp, SERVICE_MAX_BODY_BYTES=str(MAX_BODY))
+    yield from app_on_backend(request.param, tmp, SERVICE_MAX_BODY_BYTES=str(MAX_BODY))
 
 
 @pytest.fixture
@@ -388,8 +388,8 @@ def test_a_name_shared_across_a_namespace_is_a_400(http: httpx.Client) -> None:
     assert _error(reply, 400)["param"] == "tools[1].tools[0].name"
 
 
-def test_the_operator_can_refuse_tools_this_server_does_not_run(server_factory: ServerFactory, tmp_path: Path) -> None:
-    server = server_factory(
+def test_the_operator_can_refuse_tools_this_server_does_not_run(app_factory: ServerFactory, tmp_path: Path) -> None:
+    server = app_factory(
         f"sqlite+aiosqlite:///{tmp_path / 'refuse.db'}", SERVICE_REFUSE_UNSUPPORTED_TOOLS="true"
     ).start()
     body = {"input": "hi", "tools": [LOOKUP, {"type": "web_search"}]}

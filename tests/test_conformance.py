@@ -23,7 +23,7 @@ from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from tests.api_helpers import sql_rows
-from tests.conftest import ServerProcess
+from tests.conftest import InProcessServer, ServerProcess
 
 OPENAI_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 OPENAI_ITEM: TypeAdapter[Any] = TypeAdapter(ResponseItem)
@@ -78,7 +78,7 @@ def sse_data(stream: httpx.Response) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, builtin_model_dir: Path) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("conformance")
-    process = ServerProcess(f"sqlite+aiosqlite:///{tmp / 'service.db'}", tmp / "server.log").start()
+    process = InProcessServer(f"sqlite+aiosqlite:///{tmp / 'service.db'}", tmp / "server.log").start()
     yield process
     process.stop()
 
@@ -262,7 +262,7 @@ def test_truncated_inputs_survive_a_projection_rebuild(tmp_path: Path, builtin_m
     from service.store.rebuild import rebuild_projections
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    process = ServerProcess(url, tmp_path / "server.log").start()
+    process = InProcessServer(url, tmp_path / "server.log").start()
     history = [{"role": "user", "content": f"turn {i}: " + "lorem ipsum dolor " * 40} for i in range(40)]
     try:
         created = httpx.post(

@@ -81,8 +81,8 @@ def _check_call(call: dict[str, Any]) -> None:
         assert re.fullmatch(CODE, call["input"]), call["input"]
 
 
-def test_strict_json_schema_streamed_and_stored(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, **BUDGET).start()
+def test_strict_json_schema_streamed_and_stored(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     for seed in (1, 2):
         stream = client.responses.create(
@@ -129,8 +129,8 @@ def test_strict_json_schema_streamed_and_stored(database_url: str, server_factor
     assert penalised[0] == penalised[1] != unpenalised
 
 
-def test_tool_choice_forces_only_permitted_calls(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, **BUDGET).start()
+def test_tool_choice_forces_only_permitted_calls(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     cases: list[tuple[Any, set[str]]] = [
         ("required", {"weather", "time", "calc", "code"}),
@@ -167,8 +167,8 @@ def test_tool_choice_forces_only_permitted_calls(database_url: str, server_facto
     assert len(_calls(one)) == 1
 
 
-def test_custom_tool_call_and_its_output_next_turn(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, **BUDGET).start()
+def test_custom_tool_call_and_its_output_next_turn(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     stream = client.responses.create(
         input="add",
@@ -367,8 +367,8 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str, str]] = [
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_bad_constraints_are_400_and_store_nothing(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, SERVICE_MAX_GRAMMAR_BYTES="256").start()
+def test_bad_constraints_are_400_and_store_nothing(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, SERVICE_MAX_GRAMMAR_BYTES="256").start()
     client = client_for(server.url)
     for name, body, param, fragment in BAD_INPUTS:
         with pytest.raises(openai.BadRequestError) as info:
@@ -381,7 +381,7 @@ def test_bad_constraints_are_400_and_store_nothing(database_url: str, server_fac
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_constrained_objects_and_events_conform(database_url: str, server_factory: ServerFactory) -> None:
+def test_constrained_objects_and_events_conform(database_url: str, app_factory: ServerFactory) -> None:
     """json_object answers and forced function calls validate against OpenAI's types and the Open Responses
     models; json_schema answers and custom tool calls against OpenAI's: the Open Responses spec has no
     custom tools, and openresponses-types types a json_schema format's `schema` as null (a generator bug),
@@ -391,7 +391,7 @@ def test_constrained_objects_and_events_conform(database_url: str, server_factor
 
     from tests.test_conformance import OPENAI_EVENT, assert_event_conforms, assert_response_conforms, sse_data
 
-    server = server_factory(database_url, **BUDGET).start()
+    server = app_factory(database_url, **BUDGET).start()
     bodies: list[dict[str, Any]] = [
         {"input": "x", "text": {"format": {"type": "json_object"}}, "max_output_tokens": 60, "temperature": 0},
         {"input": "call", "tools": TOOLS[:2], "tool_choice": "required", "max_output_tokens": 80, "seed": 2},

@@ -67,9 +67,9 @@ def _until(condition: Callable[[], bool], timeout: float = 60) -> bool:
     return condition()
 
 
-def test_containers_crud_through_the_sdk(database_url: str, server_factory: ServerFactory) -> None:
+def test_containers_crud_through_the_sdk(database_url: str, app_factory: ServerFactory) -> None:
     sandbox_dir = _sandbox_dir()
-    server = server_factory(database_url, **_env(sandbox_dir)).start()
+    server = app_factory(database_url, **_env(sandbox_dir)).start()
     client = client_for(server.url)
     expiry: Any = {"anchor": "last_active_at", "minutes": 5}
     created = [client.containers.create(name=f"box {n}", expires_after=expiry) for n in range(3)]
@@ -114,11 +114,11 @@ def test_containers_crud_through_the_sdk(database_url: str, server_factory: Serv
     assert refused.value.body["param"] == "tools[0].container"  # type: ignore[index]
 
 
-def test_another_project_cannot_name_a_container(database_url: str, server_factory: ServerFactory) -> None:
+def test_another_project_cannot_name_a_container(database_url: str, app_factory: ServerFactory) -> None:
     assert run_cli("migrate", SERVICE_DATABASE_URL=database_url).returncode == 0
     key_a, key_b = _key(database_url, "a", "project-a"), _key(database_url, "b", "project-b")
     sandbox_dir = _sandbox_dir()
-    server = server_factory(database_url, **_env(sandbox_dir)).start()
+    server = app_factory(database_url, **_env(sandbox_dir)).start()
     client_a, client_b = _client(server.url, key_a), _client(server.url, key_b)
     mine = client_a.containers.create(name="a's")
     _code_call(_run_code(client_a, mine.id))
@@ -146,9 +146,9 @@ def test_another_project_cannot_name_a_container(database_url: str, server_facto
     assert sql_rows(database_url, "SELECT project FROM containers WHERE id = :id", id=auto) == [("project-a",)]
 
 
-def test_deleting_a_response_removes_its_auto_container(database_url: str, server_factory: ServerFactory) -> None:
+def test_deleting_a_response_removes_its_auto_container(database_url: str, app_factory: ServerFactory) -> None:
     sandbox_dir = _sandbox_dir()
-    server = server_factory(database_url, **_env(sandbox_dir)).start()
+    server = app_factory(database_url, **_env(sandbox_dir)).start()
     client = client_for(server.url)
     response = _run_code(client, {"type": "auto"})
     container = _code_call(response).container_id
@@ -161,11 +161,11 @@ def test_deleting_a_response_removes_its_auto_container(database_url: str, serve
 
 
 def test_retention_removes_expired_containers_and_leftover_directories(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
     sandbox_dir = _sandbox_dir()
     # First a server whose sweeper waits an hour between sweeps: an expired container is refused meanwhile.
-    server = server_factory(database_url, **_env(sandbox_dir, SERVICE_RETENTION_SWEEP_SECONDS="3600")).start()
+    server = app_factory(database_url, **_env(sandbox_dir, SERVICE_RETENTION_SWEEP_SECONDS="3600")).start()
     client = client_for(server.url)
     old, fresh = client.containers.create(name="old"), client.containers.create(name="fresh")
     for container in (old, fresh):
@@ -189,7 +189,7 @@ def test_retention_removes_expired_containers_and_leftover_directories(
     server.stop()
 
     horizon = {"SERVICE_RETENTION_DAYS": str(1 / 86_400), "SERVICE_RETENTION_SWEEP_SECONDS": "0.3"}
-    server = server_factory(database_url, **_env(sandbox_dir, **horizon)).start()
+    server = app_factory(database_url, **_env(sandbox_dir, **horizon)).start()
     client = client_for(server.url)
     assert _until(lambda: not (sandbox_dir / auto).exists()), "a purged response's auto container goes with it"
     assert sql_rows(database_url, "SELECT id FROM containers WHERE id = :id", id=auto) == []

@@ -54,10 +54,8 @@ def _all_ids(client: OpenAI, conversation_id: str) -> list[str]:
     return [str(item.id) for item in client.conversations.items.list(conversation_id, order="asc", limit=2)]
 
 
-def test_conversation_operations_and_responses_on_a_conversation(
-    database_url: str, server_factory: ServerFactory
-) -> None:
-    server = server_factory(database_url).start()
+def test_conversation_operations_and_responses_on_a_conversation(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
 
     conversation = client.conversations.create(
@@ -154,7 +152,7 @@ def test_conversation_operations_and_responses_on_a_conversation(
     )
     assert {name: _query(database_url, sql) for name, sql in tables.items()} == before
 
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     assert client.conversations.retrieve(conversation.id).metadata == {"topic": "greetings"}
     assert _all_ids(client, conversation.id) == expected
@@ -172,8 +170,8 @@ def test_conversation_operations_and_responses_on_a_conversation(
     assert report.returncode == 0, report.stdout + report.stderr
 
 
-def test_input_tokens_equal_usage(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_input_tokens_equal_usage(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     first = client.responses.create(input="Hello there", max_output_tokens=3)
     conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Hi, I am Bo."}])
@@ -191,8 +189,8 @@ def test_input_tokens_equal_usage(database_url: str, server_factory: ServerFacto
         assert created.usage is not None and counted.input_tokens == created.usage.input_tokens, case
 
 
-def test_input_tokens_without_input_counts_the_history(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_input_tokens_without_input_counts_the_history(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     said: list[Any] = [{"type": "message", "role": "user", "content": "Hi, I am Bo."}]
     conversation = client.conversations.create(items=said)
@@ -215,11 +213,11 @@ def test_input_tokens_without_input_counts_the_history(database_url: str, server
 
 
 def test_concurrent_runs_on_one_conversation_append_whole_blocks_in_commit_order(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
     """The rule: a response's items join its conversation in the transaction that ends it, as one
     block, in commit order; runs started together each see the conversation as it was when they began."""
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "Start"}])
     start = _all_ids(client, conversation.id)
@@ -257,7 +255,7 @@ def test_concurrent_runs_on_one_conversation_append_whole_blocks_in_commit_order
     assert report.returncode == 0, report.stdout + report.stderr
 
 
-def test_migration_0003_upgrades_a_database_holding_0001_data(database_url: str, server_factory: ServerFactory) -> None:
+def test_migration_0003_upgrades_a_database_holding_0001_data(database_url: str, app_factory: ServerFactory) -> None:
     """Data written at revision 0001 (a chain of responses) survives the upgrades: the new
     `conversation_messages` view shows the chain as before (now with its owner), and conversations
     work on top, in the default project."""
@@ -265,7 +263,7 @@ def test_migration_0003_upgrades_a_database_holding_0001_data(database_url: str,
 
     from service.store.db import alembic_config, migrate_sync
 
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     first = client.responses.create(input="one", max_output_tokens=3)
     client.responses.create(input="two", previous_response_id=first.id, max_output_tokens=3)
@@ -284,7 +282,7 @@ def test_migration_0003_upgrades_a_database_holding_0001_data(database_url: str,
     report = doctor(database_url)
     assert report.returncode == 0, report.stdout + report.stderr
 
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "after"}])
     assert len(_all_ids(client, conversation.id)) == 1
@@ -293,12 +291,12 @@ def test_migration_0003_upgrades_a_database_holding_0001_data(database_url: str,
 
 
 def test_truncation_at_the_window_edge_leaves_room_for_the_output(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
     """A prompt that fits but leaves less than max_output_tokens: `auto` drops the oldest whole items
     until the output fits (input_tokens predicts it); `disabled` runs with what room remains; a
     prompt over the window is a 400 that gives the numbers."""
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     context = client.models.list().data[0].model_extra["info"]["decoder"]["max_position"]  # type: ignore[index]
     turn = "lorem ipsum dolor sit amet " * 20

@@ -12,9 +12,9 @@ from tests.conftest import ServerProcess
 
 
 def test_items_through_the_server_after_deleting_the_last_one(
-    database_url: str, server_factory: Callable[..., ServerProcess]
+    database_url: str, app_factory: Callable[..., ServerProcess]
 ) -> None:
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "one"}])
     added = client.conversations.items.create(

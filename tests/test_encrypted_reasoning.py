@@ -18,7 +18,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from tests.cli_helpers import run_cli
-from tests.conftest import ServerProcess
+from tests.conftest import InProcessServer, ServerProcess
 from tests.test_conformance import assert_event_conforms, assert_response_conforms, sse_data
 from tests.test_websocket import MODEL, TERMINAL, _send, _until_terminal
 
@@ -39,7 +39,7 @@ def two_projects(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ser
     url = f"sqlite+aiosqlite:///{tmp / 'service.db'}"
     assert run_cli("migrate", SERVICE_DATABASE_URL=url).returncode == 0
     key_a, key_b = _key(url, "a", "project-a"), _key(url, "b", "project-b")
-    server = ServerProcess(url, tmp / "server.log").start()
+    server = InProcessServer(url, tmp / "server.log").start()
     yield server, key_a, key_b
     server.stop()
 
@@ -220,19 +220,19 @@ def test_events_and_reads_carry_encrypted_content_that_conforms(two_projects: tu
         assert isinstance(assert_response_conforms(plain_create.text)["output"][0]["encrypted_content"], str)
 
 
-def test_a_rotated_secret_key_refuses_old_blobs(database_url: str, server_factory: ServerFactory) -> None:
+def test_a_rotated_secret_key_refuses_old_blobs(database_url: str, app_factory: ServerFactory) -> None:
     url = database_url  # the stored key on both backends
-    stored_key = server_factory(url).start()
+    stored_key = app_factory(url).start()
     _, first = _reasoning_turn(_client(stored_key.url), store=False, include=[ENCRYPTED])
     item = _sent_back(first.output[0])
     stored_key.stop()
     # Restarted without SERVICE_SECRET_KEY: the database's stored key, so the blob still opens.
-    restarted = server_factory(url).start()
+    restarted = app_factory(url).start()
     assert _count(restarted.url, "unused", {"input": [item]}).status_code == 200
     restarted.stop()
 
     secret_1, secret_2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
-    first_key = server_factory(url, SERVICE_SECRET_KEY=secret_1).start()
+    first_key = app_factory(url, SERVICE_SECRET_KEY=secret_1).start()
     error = _refused(first_key.url, "unused", [item])
     assert error["param"] == "input[0].encrypted_content" and "rotated" in error["message"]
     _, sealed_1 = _reasoning_turn(_client(first_key.url), store=False, include=[ENCRYPTED])
@@ -240,7 +240,7 @@ def test_a_rotated_secret_key_refuses_old_blobs(database_url: str, server_factor
     assert _count(first_key.url, "unused", {"input": [item_1]}).status_code == 200
     first_key.stop()
 
-    rotated = server_factory(url, SERVICE_SECRET_KEY=secret_2).start()
+    rotated = app_factory(url, SERVICE_SECRET_KEY=secret_2).start()
     error = _refused(rotated.url, "unused", [{"role": "user", "content": "hi"}, item_1])
     assert error["param"] == "input[1].encrypted_content" and "rotated" in error["message"]
 

@@ -39,9 +39,9 @@ def test_model_info_describes_gptoss(gptoss_dir: Path) -> None:
 
 
 def test_gptoss_serves_plain_streaming_and_follow_ups(
-    gptoss_dir: Path, database_url: str, server_factory: Callable[..., ServerProcess]
+    gptoss_dir: Path, database_url: str, app_factory: Callable[..., ServerProcess]
 ) -> None:
-    server = server_factory(database_url, SERVICE_MODEL=str(gptoss_dir)).start()
+    server = app_factory(database_url, SERVICE_MODEL=str(gptoss_dir)).start()
     client = client_for(server.url)
     assert [m.id for m in client.models.list().data] == ["random-gpt-oss-tiny"]
     response = client.responses.create(input="Hello", instructions="Be brief.", max_output_tokens=40)

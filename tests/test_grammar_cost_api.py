@@ -35,8 +35,8 @@ def _pattern(n: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_costly_grammars_and_empty_languages_are_400s(database_url: str, server_factory: ServerFactory) -> None:
-    client = client_for(server_factory(database_url).start().url)
+def test_costly_grammars_and_empty_languages_are_400s(database_url: str, app_factory: ServerFactory) -> None:
+    client = client_for(app_factory(database_url).start().url)
     cases: list[tuple[dict[str, Any], str, str, str]] = [
         *(
             ({"text": _format(_pattern(n))}, "text.format.schema", "grammar_too_complex", "too complex")
@@ -97,8 +97,8 @@ def test_costly_grammars_and_empty_languages_are_400s(database_url: str, server_
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_a_costly_accepted_grammar_does_not_slow_the_others(database_url: str, server_factory: ServerFactory) -> None:
-    client = client_for(server_factory(database_url, **BUDGET).start().url)
+def test_a_costly_accepted_grammar_does_not_slow_the_others(database_url: str, app_factory: ServerFactory) -> None:
+    client = client_for(app_factory(database_url, **BUDGET).start().url)
 
     def short() -> float:
         started = time.perf_counter()

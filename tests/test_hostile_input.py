@@ -177,8 +177,8 @@ def _snapshot(database_url: str) -> dict[str, list[tuple[Any, ...]]]:
     return asyncio.run(read())
 
 
-def test_hostile_requests_get_4xx_and_store_nothing(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, SERVICE_API_KEY=API_KEY).start()
+def test_hostile_requests_get_4xx_and_store_nothing(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, SERVICE_API_KEY=API_KEY).start()
     with httpx.Client(base_url=server.url, timeout=60) as http:
         # Something stored already, so "unchanged" is not trivially "empty".
         stored = http.post("/v1/responses", headers=JSON, json={"input": "hello", "max_output_tokens": 4})
@@ -206,9 +206,9 @@ def test_hostile_requests_get_4xx_and_store_nothing(database_url: str, server_fa
     assert {name: rebuilt[name] for name in PROJECTIONS} == {name: before[name] for name in PROJECTIONS}
 
 
-def test_nul_in_input_text_is_stored_exactly(database_url: str, server_factory: ServerFactory) -> None:
+def test_nul_in_input_text_is_stored_exactly(database_url: str, app_factory: ServerFactory) -> None:
     """PostgreSQL text cannot hold NUL: the JSON keeps it escaped, the plain SQL column shows U+FFFD."""
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     with httpx.Client(base_url=server.url, timeout=60) as http:
         created = http.post("/v1/responses", json={"input": "a\u0000b", "max_output_tokens": 3})
         assert created.status_code == 200, created.text
@@ -268,9 +268,9 @@ def test_model_output_with_nul_is_storable(database_url: str) -> None:
 
 @pytest.mark.parametrize("via", ["query", "header"])
 def test_resuming_after_the_terminal_event_ends_at_once(
-    via: str, database_url: str, server_factory: ServerFactory
+    via: str, database_url: str, app_factory: ServerFactory
 ) -> None:
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     with httpx.Client(base_url=server.url, timeout=30) as http:
         created = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 3}).json()
         events = [line for line in http.get(f"/v1/responses/{created['id']}?stream=true").text.splitlines() if line]

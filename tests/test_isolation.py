@@ -47,11 +47,11 @@ def _call(url: str, key: str, method: str, path: str, options: dict[str, Any]) -
 
 
 def test_another_projects_key_gets_the_unknown_id_404_on_every_path(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
     assert run_cli("migrate", SERVICE_DATABASE_URL=database_url).returncode == 0
     key_a, key_b = _key(database_url, "a", "project-a"), _key(database_url, "b", "project-b")
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
 
     status, first = _call(server.url, key_a, "POST", "/v1/responses", {"json": {"input": "1", "max_output_tokens": 3}})
     assert status == 200 and isinstance(first, dict)
@@ -120,11 +120,11 @@ def _conversation_calls(conversation_id: str, item_id: str) -> dict[str, tuple[s
 
 
 def test_another_projects_key_gets_the_unknown_id_404_on_every_conversation_path(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
     assert run_cli("migrate", SERVICE_DATABASE_URL=database_url).returncode == 0
     key_a, key_b = _key(database_url, "a", "project-a"), _key(database_url, "b", "project-b")
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
 
     items = {"items": [{"type": "message", "role": "user", "content": "hello"}]}
     status, conversation = _call(server.url, key_a, "POST", "/v1/conversations", {"json": items})

@@ -34,7 +34,7 @@ def client(url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
 
 
-def test_key_lifecycle_through_the_cli_and_the_server(database_url: str, server_factory: ServerFactory) -> None:
+def test_key_lifecycle_through_the_cli_and_the_server(database_url: str, app_factory: ServerFactory) -> None:
     assert run_cli("migrate", SERVICE_DATABASE_URL=database_url).returncode == 0
     key = create_key(database_url, "alice", "research")
     assert key.startswith("sk-svc-") and len(key) >= len("sk-svc-") + 43  # 32 random bytes, base64url
@@ -45,7 +45,7 @@ def test_key_lifecycle_through_the_cli_and_the_server(database_url: str, server_
     rows = sql_rows(database_url, "SELECT name, project, prefix, key_hash FROM api_keys")
     assert rows == [("alice", "research", key[:13], hashlib.sha256(key.encode()).hexdigest())]
 
-    server = server_factory(database_url).start()
+    server = app_factory(database_url).start()
     alice = client(server.url, key)
     response = alice.responses.create(input="hello", max_output_tokens=3)
     assert response.status == "incomplete"
@@ -80,9 +80,9 @@ MALFORMED_HEADERS = {
 }
 
 
-def test_a_malformed_authorization_header_is_401(tmp_path: Path, server_factory: ServerFactory) -> None:
+def test_a_malformed_authorization_header_is_401(tmp_path: Path, app_factory: ServerFactory) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    server = server_factory(url, SERVICE_API_KEY="sk-env-key").start()
+    server = app_factory(url, SERVICE_API_KEY="sk-env-key").start()
     for what, header in MALFORMED_HEADERS.items():
         reply = httpx.post(
             server.url + "/v1/responses",
@@ -95,8 +95,8 @@ def test_a_malformed_authorization_header_is_401(tmp_path: Path, server_factory:
         assert reply.headers["x-request-id"]
 
 
-def test_service_api_key_is_a_key_of_the_default_project(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, SERVICE_API_KEY="sk-env-key").start()
+def test_service_api_key_is_a_key_of_the_default_project(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, SERVICE_API_KEY="sk-env-key").start()
     response = client(server.url, "sk-env-key").responses.create(input="hi", max_output_tokens=2)
     assert sql_rows(database_url, "SELECT project FROM responses WHERE id = :id", id=response.id) == [("default",)]
     # A stored key of another project works beside it, and does not see the default project's data.

@@ -36,11 +36,11 @@ def _error(reply: httpx.Response, status: int, error_type: str, code: str) -> di
     return error
 
 
-def test_requests_per_minute_per_key(tmp_path: Path, server_factory: ServerFactory) -> None:
+def test_requests_per_minute_per_key(tmp_path: Path, app_factory: ServerFactory) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
     assert run_cli("migrate", SERVICE_DATABASE_URL=url).returncode == 0
     alice, bob = _key(url, "alice"), _key(url, "bob")
-    server = server_factory(url, SERVICE_RATE_LIMIT_REQUESTS_PER_MINUTE="3").start()
+    server = app_factory(url, SERVICE_RATE_LIMIT_REQUESTS_PER_MINUTE="3").start()
     headers = {"Authorization": f"Bearer {alice}"}
     remaining = [httpx.get(server.url + "/v1/models", headers=headers) for _ in range(3)]
     assert [r.status_code for r in remaining] == [200, 200, 200]
@@ -54,11 +54,11 @@ def test_requests_per_minute_per_key(tmp_path: Path, server_factory: ServerFacto
     assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {bob}"}).status_code == 200
 
 
-def test_runs_per_project_queue_depth_subscribers_and_sizes(tmp_path: Path, server_factory: ServerFactory) -> None:
+def test_runs_per_project_queue_depth_subscribers_and_sizes(tmp_path: Path, app_factory: ServerFactory) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
     assert run_cli("migrate", SERVICE_DATABASE_URL=url).returncode == 0
     a, b, c = _key(url, "a"), _key(url, "b"), _key(url, "c")
-    server = server_factory(
+    server = app_factory(
         url,
         SERVICE_MAX_RUNS_PER_PROJECT="1",
         SERVICE_MAX_QUEUED_RUNS="2",

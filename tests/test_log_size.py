@@ -50,9 +50,9 @@ def test_merge_token_facts_concatenates_ids_and_logprobs() -> None:
 
 
 def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
-    server = server_factory(database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="3600").start()
+    server = app_factory(database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="3600").start()
     client = client_for(server.url)
     ids = [
         client.responses.create(input=f"Tell me a story {n}", max_output_tokens=40, extra_body={"seed": n}).id
@@ -71,7 +71,7 @@ def test_finished_runs_keep_one_tokens_fact_and_replay_identically(
     generated = sum(r["usage"]["output_tokens"] for r in responses.values())
     assert len(ids) <= rows_before < generated  # a few chunks per run while live, not one per token
 
-    server = server_factory(
+    server = app_factory(
         database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="0", SERVICE_RETENTION_SWEEP_SECONDS="0.2"
     ).start()
     deadline = time.monotonic() + 60

@@ -159,27 +159,29 @@ def test_redaction_covers_the_forms_a_secret_takes() -> None:
 # -- through the real server ---------------------------------------------------------------------------------
 
 
-def keyed(server_factory: Any, database_url: str, **env: str) -> ServerProcess:
-    server: ServerProcess = server_factory(database_url, SERVICE_API_KEY="test-key", **BUDGET, **env).start()
+def keyed(app_factory: Any, database_url: str, **env: str) -> ServerProcess:
+    server: ServerProcess = app_factory(database_url, SERVICE_API_KEY="test-key", **BUDGET, **env).start()
     return server
 
 
 def unmatched_requests(server: ServerProcess) -> int:
-    """Requests this server answered on no route (an MCP client's POST /mcp would be one)."""
+    """Requests answered on no route (an MCP client's POST /mcp would be one): a counter of the process, which an
+    in-process server shares with those this process ran before (compare before and after)."""
     lines = httpx.get(server.url + "/metrics", timeout=30).text.splitlines()
     return sum(int(float(line.rsplit(" ", 1)[1])) for line in lines if 'route="unmatched"' in line and "_total" in line)
 
 
 def test_a_server_with_keys_refuses_loopback_and_private_mcp_urls(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     listener: tuple[int, list[int]],
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server = keyed(server_factory, database_url)
+    server = keyed(app_factory, database_url)
     client = client_for(server.url)
     port, accepted = listener
     own = server.port
+    unmatched = unmatched_requests(server)
     urls = [
         f"http://127.0.0.1:{own}/mcp",
         f"http://[::ffff:127.0.0.1]:{own}/mcp",
@@ -200,7 +202,7 @@ def test_a_server_with_keys_refuses_loopback_and_private_mcp_urls(
         error = error_body(raised.value)
         assert error["type"] == "invalid_request_error" and error["param"] == "tools[0].server_url", (url, error)
     assert accepted == [], "a refused server_url was contacted"
-    assert unmatched_requests(server) == 0, "the server's own port was contacted"
+    assert unmatched_requests(server) == unmatched, "the server's own port was contacted"
     assert len(mcp_server.calls()) == before
     # A CR/LF in a header: a 400 naming the field, and the value is not echoed.
     crlf: Any = mcp_tool(mcp_server, headers={"X-Api-Key": SECRET + "\r\nX-Evil: 1"})
@@ -214,11 +216,11 @@ def test_a_server_with_keys_refuses_loopback_and_private_mcp_urls(
 
 
 def test_allowed_hosts_let_a_keyed_server_reach_loopback_and_every_failure_reads_the_same(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server = keyed(server_factory, database_url, SERVICE_MCP_ALLOWED_HOSTS="127.0.0.1")
+    server = keyed(app_factory, database_url, SERVICE_MCP_ALLOWED_HOSTS="127.0.0.1")
     client = client_for(server.url)
     listed = client.responses.create(input="x", tools=[mcp_tool(mcp_server)], max_output_tokens=2)
     assert listed.output[0].type == "mcp_list_tools" and not listed.output[0].error
@@ -237,11 +239,11 @@ def test_allowed_hosts_let_a_keyed_server_reach_loopback_and_every_failure_reads
 
 
 def test_a_secret_quoted_by_a_failing_server_is_redacted_everywhere(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    server: ServerProcess = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     before = len(calls_to(mcp_server, "deny"))
     denied = client.responses.create(

@@ -27,8 +27,12 @@ def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def test_metrics_after_a_run_with_a_known_token_count(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_metrics_after_a_run_with_a_known_token_count(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
+    # Counters and histograms are the process's (prometheus_client's registry, one app per process in production):
+    # an in-process server shares them with the servers this process ran before, so what counts is what this
+    # test's requests add.
+    before = _metrics(server.url)
     reply = httpx.post(server.url + "/v1/responses", json={"input": "count", "max_output_tokens": 7}, timeout=120)
     assert reply.status_code == 200
     assert reply.json()["usage"]["output_tokens"] == 7
@@ -37,7 +41,8 @@ def test_metrics_after_a_run_with_a_known_token_count(database_url: str, server_
         assert sum(1 for line in stream.iter_lines() if line.startswith("event: ")) > 0
     httpx.get(server.url + "/v1/responses/resp_" + "0" * 48)  # a 404
 
-    metrics = _metrics(server.url)
+    after = _metrics(server.url)
+    metrics = {name: value - before.get(name, 0.0) for name, value in after.items()}
     assert metrics[("service_tokens_generated_total", ())] == 12
     route = "/v1/responses"
     assert metrics[("service_http_requests_total", (("method", "POST"), ("route", route), ("status", "200")))] == 2
@@ -48,15 +53,14 @@ def test_metrics_after_a_run_with_a_known_token_count(database_url: str, server_
     assert metrics[("service_group_commit_seconds_count", ())] >= 1
     assert metrics[("service_engine_step_seconds_count", ())] >= 12
     assert metrics[("service_event_append_seconds_count", (("command", "create"),))] == 2
-    assert metrics[("service_active_runs", ())] == 0
-    assert metrics[("service_sse_subscribers", ())] == 0
+    assert after[("service_active_runs", ())] == 0 and after[("service_sse_subscribers", ())] == 0  # gauges: now
     assert ("service_lease_takeovers_total", ()) in metrics and ("service_store_retries_total", ()) in metrics
 
 
-def test_json_logs_with_request_ids_and_no_secrets(tmp_path: Path, server_factory: ServerFactory) -> None:
+def test_json_logs_with_request_ids_and_no_secrets(tmp_path: Path, app_factory: ServerFactory) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
     secret, prompt = "sk-env-very-secret", "my private prompt words"
-    server = server_factory(url, SERVICE_API_KEY=secret, log_level="info").start()
+    server = app_factory(url, SERVICE_API_KEY=secret, log_level="info").start()
     headers = {"Authorization": f"Bearer {secret}", "X-Request-Id": "trace-42"}
     reply = httpx.post(server.url + "/v1/responses", json={"input": prompt, "max_output_tokens": 2}, headers=headers)
     assert reply.status_code == 200 and reply.headers["x-request-id"] == "trace-42"
@@ -80,10 +84,10 @@ def test_json_logs_with_request_ids_and_no_secrets(tmp_path: Path, server_factor
 
 
 def test_ready_is_503_while_the_database_is_unreachable(
-    proxied_postgres: tuple[str, FaultProxy], server_factory: ServerFactory
+    proxied_postgres: tuple[str, FaultProxy], app_factory: ServerFactory
 ) -> None:
     url, proxy = proxied_postgres
-    server = server_factory(url).start()
+    server = app_factory(url).start()
     ready = httpx.get(server.url + "/ready", timeout=10)
     assert ready.status_code == 200, ready.text
     assert ready.json() == {

@@ -19,14 +19,14 @@ import pytest
 from openai.types.responses.response_create_params import ResponseCreateParamsStreaming
 
 from service.protocol import CreateResponseRequest
-from tests.conftest import ROOT, ServerProcess
+from tests.conftest import ROOT, InProcessServer, ServerProcess
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, builtin_model_dir: Path) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("openapi")
     # Fuzzed requests rarely set max_output_tokens: keep their runs short.
-    process = ServerProcess(
+    process = InProcessServer(
         f"sqlite+aiosqlite:///{tmp / 'service.db'}", tmp / "server.log", SERVICE_MAX_OUTPUT_TOKENS_DEFAULT="8"
     ).start()
     yield process

@@ -35,12 +35,12 @@ def _without_ids(output: list[Any]) -> list[dict[str, Any]]:
 
 
 def test_a_newcomer_beside_a_decoding_run_is_paced_and_samples_what_it_samples_alone(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
     # Ratio 0.01: a hundredth of a decode step is far under the 32-token floor on any machine, so once both
     # costs are measured a paced step prefills at most 32 tokens (no dependence on this machine's speed).
     # Without the prefix cache the second newcomer prefills its whole prompt again.
-    server = server_factory(database_url, SERVICE_PREFILL_STALL_RATIO="0.01", SERVICE_PREFIX_CACHE_BYTES="0").start()
+    server = app_factory(database_url, SERVICE_PREFILL_STALL_RATIO="0.01", SERVICE_PREFIX_CACHE_BYTES="0").start()
     client = client_for(server.url)
     newcomer = {"model": "random-harmony-tiny", "input": NEWCOMER, "max_output_tokens": 24, "extra_body": {"seed": 5}}
 

@@ -294,7 +294,7 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
-    database_url: str, server_factory: Callable[..., ServerProcess]
+    database_url: str, app_factory: Callable[..., ServerProcess]
 ) -> None:
     """Each turn of a conversation through the real server: the same with and without the cache; with it,
     each turn prefills only its new message. The first turn's next turn is warmed once the engine idles (the
@@ -303,7 +303,7 @@ def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
     texts = []
     for cache_bytes in ("0", str(64 << 20)):
         # One database, two servers in turn (one conversation each): on SQLite and on PostgreSQL.
-        server = server_factory(
+        server = app_factory(
             database_url, SERVICE_PREFIX_CACHE_BYTES=cache_bytes, SERVICE_WARM_WHILE_DECODING="1"
         ).start()
         client = client_for(server.url)

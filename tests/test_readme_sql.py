@@ -56,10 +56,8 @@ def run_query(database_url: str, sql: str) -> list[tuple[Any, ...]]:
     return asyncio.run(fetch())
 
 
-def test_every_readme_query_runs_on_its_database(
-    database_url: str, server_factory: Callable[..., ServerProcess]
-) -> None:
-    server = server_factory(database_url).start()
+def test_every_readme_query_runs_on_its_database(database_url: str, app_factory: Callable[..., ServerProcess]) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     first = client.responses.create(input="Hello there", max_output_tokens=8, extra_body={"seed": 1})
     second = client.responses.create(

@@ -90,11 +90,11 @@ def test_no_summary_unless_asked() -> None:
     assert events[-1]["response"]["output"][0]["summary"] == []
 
 
-def test_summaries_through_the_server(server_factory: Any, database_url: str) -> None:
+def test_summaries_through_the_server(app_factory: Any, database_url: str) -> None:
     """The official client asks for `reasoning.summary`: the reasoning item carries the extract, streamed live
     as OpenAI's events, stored, and replayed from the log byte for byte."""
     # A short reasoning budget: the random model's analysis is cut after a few tokens and the answer follows.
-    server: ServerProcess = server_factory(database_url, SERVICE_REASONING_TOKENS_LOW="12").start()
+    server: ServerProcess = app_factory(database_url, SERVICE_REASONING_TOKENS_LOW="12").start()
     client = client_for(server.url)
     ask: Any = {"model": "random-harmony-tiny", "input": "think", "max_output_tokens": 20, "temperature": 2}
     ask["reasoning"] = {"effort": "low", "summary": "detailed"}

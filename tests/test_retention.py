@@ -51,9 +51,9 @@ def _gone(call: Callable[[], Any], timeout: float = 60) -> bool:
 
 
 def test_sweeper_deletes_expired_responses_and_conversations_under_load(
-    database_url: str, server_factory: ServerFactory
+    database_url: str, app_factory: ServerFactory
 ) -> None:
-    server = server_factory(
+    server = app_factory(
         database_url,
         SERVICE_RETENTION_DAYS=str(HORIZON_SECONDS / 86_400),
         SERVICE_RETENTION_SWEEP_SECONDS="0.3",

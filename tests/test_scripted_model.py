@@ -24,7 +24,7 @@ from service.engine.onnx_engine import OnnxEngine
 from service.engine.scripted import Rule, parse_rules, write_scripted_model
 from service.vocab import load_harmony
 from tests.api_helpers import client_for
-from tests.conftest import ROOT, ServerProcess, server_on_backend
+from tests.conftest import ROOT, ServerProcess, app_on_backend
 
 HELLO = "<|channel|>final<|message|>Hello!<|return|>"
 DONE = "<|channel|>final<|message|>Done: the tool said hi.<|return|>"
@@ -148,7 +148,7 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, scripted_dir: Path
 ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"scripted-{request.param}")
-    yield from server_on_backend(request.param, tmp, SERVICE_MODEL=str(scripted_dir))
+    yield from app_on_backend(request.param, tmp, SERVICE_MODEL=str(scripted_dir))
 
 
 @pytest.fixture

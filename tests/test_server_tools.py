@@ -57,11 +57,11 @@ def calls_to(server: McpServer, tool: str) -> list[dict[str, Any]]:
 
 
 def test_mcp_list_and_forced_call_round_trip(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    server: ServerProcess = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     before = len(calls_to(mcp_server, "pick"))
     response = client.responses.create(
@@ -213,11 +213,11 @@ def test_kill_9_after_a_logged_result_never_calls_again(
 
 
 def test_allowed_tools_unreachable_and_refused_urls(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    server: ServerProcess = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     only_pick = client.responses.create(
         input="x",
@@ -270,11 +270,11 @@ def test_allowed_tools_unreachable_and_refused_urls(
 
 
 def test_approval_request_then_approve_or_refuse(
-    server_factory: Any,
+    app_factory: Any,
     database_url: str,
     mcp_server: McpServer,  # noqa: F811
 ) -> None:
-    server: ServerProcess = server_factory(database_url, **BUDGET).start()
+    server: ServerProcess = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     tool = mcp_tool(mcp_server, require_approval="always")
     before = len(calls_to(mcp_server, "pick"))
@@ -317,12 +317,12 @@ def test_approval_request_then_approve_or_refuse(
         )
 
 
-def test_code_interpreter_round_trip(server_factory: Any, database_url: str) -> None:
+def test_code_interpreter_round_trip(app_factory: Any, database_url: str) -> None:
     # The random-weight model never ends free text by itself: bound the code it may write, so its call closes.
     # (The sandbox's directory must be reachable by the sandbox user: not under pytest's private tmp_path.)
     sandbox_dir = new_sandbox_root()
     env = {**BUDGET, "SERVICE_CODE_INTERPRETER_MAX_CODE_CHARS": "40", "SERVICE_SANDBOX_DIR": str(sandbox_dir / "c")}
-    server: ServerProcess = server_factory(database_url, **env).start()
+    server: ServerProcess = app_factory(database_url, **env).start()
     client = client_for(server.url)
     response = client.responses.create(
         input="compute something",

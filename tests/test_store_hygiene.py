@@ -31,8 +31,8 @@ def _rows_of(database_url: str, response_id: str) -> dict[str, int]:
     return counts
 
 
-def test_store_false_is_gone_when_its_client_leaves(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_store_false_is_gone_when_its_client_leaves(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     body = {"input": "forget me", "max_output_tokens": 2000, "store": False, "stream": True}
     response_id = None
     with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as stream:
@@ -51,8 +51,8 @@ def test_store_false_is_gone_when_its_client_leaves(database_url: str, server_fa
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_cancel_racing_delete_leaves_no_orphans(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_cancel_racing_delete_leaves_no_orphans(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     ids = [client.responses.create(input=f"race {i}", max_output_tokens=500, background=True).id for i in range(6)]
     threads = []
@@ -70,8 +70,8 @@ def test_cancel_racing_delete_leaves_no_orphans(database_url: str, server_factor
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_doctor_finds_a_gap_and_an_orphan(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url).start()
+def test_doctor_finds_a_gap_and_an_orphan(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url).start()
     client = client_for(server.url)
     first = client.responses.create(input="one", max_output_tokens=20)
     second = client.responses.create(input="two", max_output_tokens=20, background=True)

@@ -39,8 +39,8 @@ def _live(url: str, body: dict[str, Any]) -> tuple[str, bytes]:
     return json.loads(first[len("data: ") :])["response"]["id"], raw
 
 
-def test_compacted_streams_replay_byte_identical(database_url: str, server_factory: ServerFactory) -> None:
-    server = server_factory(database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="3600").start()
+def test_compacted_streams_replay_byte_identical(database_url: str, app_factory: ServerFactory) -> None:
+    server = app_factory(database_url, SERVICE_LOG_COMPACTION_GRACE_SECONDS="3600").start()
     bodies: list[dict[str, Any]] = [
         {"input": "Tell me a story", "max_output_tokens": 60, "seed": 1},
         {"input": "Count", "max_output_tokens": 12, "include": ["message.output_text.logprobs"], "top_logprobs": 2},
@@ -76,7 +76,7 @@ def test_compacted_streams_replay_byte_identical(database_url: str, server_facto
     )
     ((tampered_events,),) = sql_rows(database_url, "SELECT COUNT(*) FROM events WHERE response_id = :r", r=tampered)
 
-    server = server_factory(database_url, **COMPACT_AT_ONCE).start()
+    server = app_factory(database_url, **COMPACT_AT_ONCE).start()
     marked = "SELECT COUNT(*) FROM run_facts WHERE kind IN ('token_record', 'not_compactable')"
     deadline = time.monotonic() + 60
     while sql_rows(database_url, marked)[0][0] < len(ids) + 1 and time.monotonic() < deadline:

@@ -20,9 +20,9 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-def test_server_tools_refused_clearly(server_factory: Any, database_url: str) -> None:
+def test_server_tools_refused_clearly(app_factory: Any, database_url: str) -> None:
     # By default they are accepted and not offered (tests/test_compat_inputs.py); the operator may refuse them.
-    server: ServerProcess = server_factory(database_url, SERVICE_REFUSE_UNSUPPORTED_TOOLS="true").start()
+    server: ServerProcess = app_factory(database_url, SERVICE_REFUSE_UNSUPPORTED_TOOLS="true").start()
     client = client_for(server.url)
     function = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
     for tool, says in REFUSED:

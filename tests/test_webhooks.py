@@ -73,8 +73,8 @@ def test_sign_matches_the_sdk() -> None:
         OpenAI(api_key="x").webhooks.unwrap(body.replace(b"resp_1", b"resp_2"), headers, secret=secret)
 
 
-def test_deliveries_verify_with_the_sdk(database_url: str, server_factory: Any, receiver: Receiver) -> None:
-    server = server_factory(database_url, **FAST).start()
+def test_deliveries_verify_with_the_sdk(database_url: str, app_factory: Any, receiver: Receiver) -> None:
+    server = app_factory(database_url, **FAST).start()
     endpoint_id, secret = add_endpoint(database_url, receiver.url)
     assert secret.startswith("whsec_")
     client = client_for(server.url)
@@ -99,9 +99,9 @@ def test_deliveries_verify_with_the_sdk(database_url: str, server_factory: Any, 
     assert endpoint_id in listed.stdout and secret not in listed.stdout
 
 
-def test_retries_with_backoff_under_one_id(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+def test_retries_with_backoff_under_one_id(database_url: str, app_factory: Any, receiver: Receiver) -> None:
     receiver.behave = lambda _id, nth: (500 if nth <= 3 else 200, 0.0)
-    server = server_factory(database_url, **FAST).start()
+    server = app_factory(database_url, **FAST).start()
     add_endpoint(database_url, receiver.url)
     client = client_for(server.url)
     rid = background(client)
@@ -122,8 +122,8 @@ def test_retries_with_backoff_under_one_id(database_url: str, server_factory: An
     assert sql_rows(database_url, "SELECT status, attempts FROM webhook_deliveries") == [("delivered", 4)]
 
 
-def test_private_url_refused_at_add(database_url: str, server_factory: Any) -> None:
-    server_factory(database_url).start()  # migrates
+def test_private_url_refused_at_add(database_url: str, app_factory: Any) -> None:
+    app_factory(database_url).start()  # migrates
     for url in ("http://127.0.0.1:9/hook", "http://10.1.2.3/hook", "http://169.254.169.254/latest", "ftp://x/y"):
         result = run_cli("webhooks", "add", url, SERVICE_DATABASE_URL=database_url)
         assert_one_line_error(result)
@@ -184,8 +184,8 @@ def test_kill_between_post_and_recording(database_url: str, server_factory: Any,
     assert sql_rows(database_url, "SELECT attempt, status_code FROM webhook_attempts") == [(2, 200)]
 
 
-def test_deleting_a_response_drops_its_undelivered_rows(database_url: str, server_factory: Any) -> None:
-    server = server_factory(database_url, **FAST).start()
+def test_deleting_a_response_drops_its_undelivered_rows(database_url: str, app_factory: Any) -> None:
+    server = app_factory(database_url, **FAST).start()
     add_endpoint(database_url, f"http://127.0.0.1:{free_port()}/hook")  # nobody listens: stays pending
     client = client_for(server.url)
     rid = background(client)
@@ -221,10 +221,8 @@ def test_two_replicas_never_deliver_one_row_at_once(database_url: str, server_fa
     wait_for_rows(database_url, "SELECT DISTINCT status FROM webhook_deliveries", [("delivered",)])
 
 
-def test_hanging_receiver_does_not_slow_generation(
-    database_url: str, server_factory: Any, receiver: Receiver
-) -> None:
-    server = server_factory(database_url, **FAST, SERVICE_WEBHOOK_CONCURRENCY_PER_ENDPOINT="2").start()
+def test_hanging_receiver_does_not_slow_generation(database_url: str, app_factory: Any, receiver: Receiver) -> None:
+    server = app_factory(database_url, **FAST, SERVICE_WEBHOOK_CONCURRENCY_PER_ENDPOINT="2").start()
     client = client_for(server.url)
 
     def streamed_seconds() -> float:
@@ -259,12 +257,13 @@ def wait_for_rows(database_url: str, statement: str, expected: list[tuple[Any, .
     assert rows == expected
 
 
-def test_gives_up_after_the_window_and_cli_views(database_url: str, server_factory: Any, receiver: Receiver) -> None:
+def test_gives_up_after_the_window_and_cli_views(database_url: str, app_factory: Any, receiver: Receiver) -> None:
     """A receiver that always fails: the row is `failed` once the retry window has passed, visibly (CLI, metric).
     An `--all-responses` endpoint hears foreground responses too; `test` sends a signed sample; `remove` goes."""
     receiver.behave = lambda _id, _nth: (500, 0.0)
     env = {**FAST, "SERVICE_WEBHOOK_RETRY_WINDOW_SECONDS": "1.5"}
-    server = server_factory(database_url, **env).start()
+    server = app_factory(database_url, **env).start()
+    failures = _failed_deliveries(server.url)  # the process's counter: in-process servers before this one count too
     endpoint_id, secret = add_endpoint(database_url, receiver.url, "--all-responses", "--events", "response.incomplete")
     client = client_for(server.url)
     rid = client.responses.create(input="foreground", max_output_tokens=4).id  # heard: --all-responses
@@ -272,8 +271,7 @@ def test_gives_up_after_the_window_and_cli_views(database_url: str, server_facto
     [(attempts, error)] = sql_rows(database_url, "SELECT attempts, last_error FROM webhook_deliveries")
     assert attempts >= 2 and error == "HTTP 500"
     assert sql_rows(database_url, "SELECT count(*) FROM webhook_attempts") == [(attempts,)]
-    metrics = httpx.get(server.url + "/metrics").text
-    assert 'service_webhook_deliveries_total{outcome="failed"} 1.0' in metrics
+    assert _failed_deliveries(server.url) == failures + 1
     failed = cli(database_url, "webhooks", "deliveries", "--status", "failed")
     assert rid in failed.stdout and "HTTP 500" in failed.stdout
     listed = cli(database_url, "webhooks", "list")
@@ -290,8 +288,16 @@ def test_gives_up_after_the_window_and_cli_views(database_url: str, server_facto
     assert_one_line_error(cli(database_url, "webhooks", "remove", endpoint_id), endpoint_id)
 
 
-def test_retention_drops_undelivered_rows_with_their_response(database_url: str, server_factory: Any) -> None:
-    server = server_factory(
+def _failed_deliveries(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(FAILED_SAMPLE))
+
+
+FAILED_SAMPLE = 'service_webhook_deliveries_total{outcome="failed"} '
+
+
+def test_retention_drops_undelivered_rows_with_their_response(database_url: str, app_factory: Any) -> None:
+    server = app_factory(
         database_url, **FAST, SERVICE_RETENTION_DAYS="0.00003", SERVICE_RETENTION_SWEEP_SECONDS="0.5"
     ).start()  # responses expire ~2.6 s after creation
     add_endpoint(database_url, f"http://127.0.0.1:{free_port()}/hook")  # nobody listens: stays pending
@@ -317,8 +323,8 @@ def test_webhook_type_and_backoff() -> None:
     assert delivery.lease_seconds(10) > 10  # a POST ends before its row may be claimed again
 
 
-def test_an_endpoint_hears_only_its_project(database_url: str, server_factory: Any, receiver: Receiver) -> None:
-    server = server_factory(database_url, **FAST, SERVICE_API_KEY="sesame").start()  # `default`'s key
+def test_an_endpoint_hears_only_its_project(database_url: str, app_factory: Any, receiver: Receiver) -> None:
+    server = app_factory(database_url, **FAST, SERVICE_API_KEY="sesame").start()  # `default`'s key
     created = run_cli("keys", "create", "r", "--project", "research", SERVICE_DATABASE_URL=database_url)
     research_key = created.stdout.strip().splitlines()[-1]
     add_endpoint(database_url, receiver.url, "--project", "research")

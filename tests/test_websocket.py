@@ -31,7 +31,7 @@ from service.http.auth import ANONYMOUS, AuthFailed, Identity
 from service.http.websocket import _Connection, responses_socket
 from service.protocol import parse_create_request
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, wait_until_terminal
-from tests.conftest import ServerProcess, server_on_backend
+from tests.conftest import ServerProcess, app_on_backend
 from tests.test_conformance import assert_event_conforms
 from tests.test_keys import create_key
 
@@ -47,7 +47,7 @@ ServerFactory = Callable[..., ServerProcess]
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, random_model_dir: Path
 ) -> Iterator[ServerProcess]:
-    yield from server_on_backend(request.param, tmp_path_factory.mktemp(f"websocket-{request.param}"))
+    yield from app_on_backend(request.param, tmp_path_factory.mktemp(f"websocket-{request.param}"))
 
 
 @pytest.fixture
@@ -248,9 +248,9 @@ async def test_without_the_denial_extension_a_refused_upgrade_is_an_error_event_
     assert sent[2]["code"] == 1008
 
 
-def test_an_upgrade_without_a_good_key_is_a_401_in_openais_shape(tmp_path: Path, server_factory: ServerFactory) -> None:
+def test_an_upgrade_without_a_good_key_is_a_401_in_openais_shape(tmp_path: Path, app_factory: ServerFactory) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    server = server_factory(url, SERVICE_API_KEY="sk-env-key").start()
+    server = app_factory(url, SERVICE_API_KEY="sk-env-key").start()
     key = create_key(url, "alice", "research")
     ws_url = server.url.replace("http://", "ws://") + "/v1/responses"
     for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic abc"}):
@@ -273,9 +273,9 @@ def test_an_upgrade_without_a_good_key_is_a_401_in_openais_shape(tmp_path: Path,
         openai.OpenAI(base_url=server.url + "/v1", api_key="sk-env-key", max_retries=0).responses.retrieve(response_id)
 
 
-def test_each_response_create_counts_against_the_keys_rate_limit(tmp_path: Path, server_factory: ServerFactory) -> None:
+def test_each_response_create_counts_against_the_keys_rate_limit(tmp_path: Path, app_factory: ServerFactory) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'service.db'}"
-    server = server_factory(url, SERVICE_API_KEY="sk-env-key", SERVICE_RATE_LIMIT_REQUESTS_PER_MINUTE="2").start()
+    server = app_factory(url, SERVICE_API_KEY="sk-env-key", SERVICE_RATE_LIMIT_REQUESTS_PER_MINUTE="2").start()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-env-key", max_retries=0, timeout=60)
     with client.responses.connect() as connection:
         results = [_create(connection, input="hi", max_output_tokens=2)[-1] for _ in range(3)]
