@@ -51,7 +51,7 @@ import httpx
 import numpy as np
 
 from service.engine.base import SamplingParams
-from service.engine.config import int8_block_name, parse_int8_block
+from service.engine.config import default_int8_block, int8_block_name, parse_int8_block
 from service.engine.model_dir import ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting import chat_format_for
@@ -347,11 +347,12 @@ def multi_turn(url: str, turns: int, new_tokens: int, words: int, think: float =
 
 
 def model_dir_for(model: str, work_dir: Path, block: int | None = None) -> Path:
-    """`block`: the Qwen shape's int8 block size (None: build-random's default)."""
+    """`block`: the Qwen shape's int8 block size (None: build-random's default, default_int8_block())."""
     if model == "tiny":
         return ensure_random_model(MODEL_CACHE, progress=False)
     if model == "qwen":
-        target = work_dir / ("qwen2.5-0.5b-harmony" + (f"-b{int8_block_name(block)}" if block is not None else ""))
+        name = int8_block_name(default_int8_block() if block is None else block)  # the default depends on the CPU
+        target = work_dir / f"qwen2.5-0.5b-harmony-b{name}"
         if not (target / "config.json").exists():
             command = [sys.executable, "-m", "service", "model", "build-random", "--shape", "qwen2.5-0.5b", str(target)]
             command += ["--block-size", int8_block_name(block)] if block is not None else []
@@ -542,7 +543,10 @@ def main() -> None:
         help="closed-loop part: requests per client, the first a warm-up (0 = skip)",
     )
     parser.add_argument(
-        "--block-size", type=parse_int8_block, default=None, help="the Qwen shape's int8 block size: row or 16..256"
+        "--block-size",
+        type=parse_int8_block,
+        default=None,
+        help="the Qwen shape's int8 block size: row, 16..256 or auto",
     )
     args = parser.parse_args()
     run(

@@ -8,7 +8,8 @@ Not a CI gate (the peers are heavy); tests/test_side_by_side_bench.py runs it ag
 
 What runs, one server at a time:
   * this server, `python -m service serve`, on `model build-random --shape qwen2.5-0.5b` as a newcomer builds
-    it ("default": int8 blocks of build-random's default size) and with `--block-size row` ("row");
+    it ("default": the int8 layout build-random picks for the CPU, per row with VNNI) and with `--block-size row`
+    ("row");
   * llama.cpp, `--llama-server PATH`: `llama-server --parallel C --cont-batching --jinja --ignore-eos` on a GGUF
     of the same shape with random Q8_0 weights (bench/peer_models.py writes it; needs `pip install gguf`);
   * vLLM, `--vllm-python PATH` (a Python with vLLM installed): `-m vllm.entrypoints.openai.api_server
@@ -63,7 +64,7 @@ import httpx
 
 from bench.http_load import WORDS, Sample, machine, model_dir_for, percentile, through_server
 from service.constraints.tokenizer import HARMONY_VOCAB_SIZE
-from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, int8_block_name
+from service.engine.config import INT8_PER_ROW, default_int8_block, int8_block_name
 from service.engine.shapes import SHAPES
 from service.vocab import load_harmony
 from tests.conftest import ServerProcess, free_port
@@ -271,11 +272,12 @@ def run(
             block = {"default": None, "row": INT8_PER_ROW}[variant]
             model_dir = model_dir_for(model, work_dir, block if model == "qwen" else None)
             if model == "qwen":
-                name = int8_block_name(INT8_BLOCK_SIZE if block is None else block)
+                built = default_int8_block() if block is None else block  # the default is chosen for the CPU
+                name = int8_block_name(built)
                 label = "this server, `build-random --shape qwen2.5-0.5b`" + (
-                    f" (default: int8 blocks of {name})" if block is None else " `--block-size row`"
+                    f" (default, here {name})" if block is None else " `--block-size row`"
                 )
-                weights = "int8 per row" if block == INT8_PER_ROW else f"int8, blocks of {name}"
+                weights = "int8 per row" if built == INT8_PER_ROW else f"int8, blocks of {name}"
             else:
                 label, weights = f"this server, model {model}", "as built"
             result = Result(label, weights, "the random model never stops", peer=False)

@@ -8,7 +8,16 @@ import json
 import time
 from pathlib import Path
 
-from service.engine.config import INT8_BLOCK_NAMES, INT8_BLOCK_SIZE, DecoderConfig, parse_int8_block, read_config
+from service.engine.config import (
+    INT8_AUTO,
+    INT8_BLOCK_NAMES,
+    INT8_BLOCK_SIZE,
+    DecoderConfig,
+    default_int8_block,
+    int8_block_name,
+    parse_int8_block,
+    read_config,
+)
 from service.engine.gptoss import GptOssSpec
 from service.engine.shapes import GPTOSS_SHAPES, SHAPES, alternating_layers, shape_config
 
@@ -21,11 +30,13 @@ def add_model_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     subparsers."""
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
     block_help = (
-        f"int8 weights' block size along K (contrib layout; default {INT8_BLOCK_SIZE}), or row: one scale per "
-        "weight row and per activation row (MatMulInteger; faster prefill and batched decode). Larger blocks "
-        "decode faster and round more coarsely: see docs/performance/2026-12-04-int8-block-size.md"
+        "int8 weights' block size along K (contrib layout), or row: one scale per weight row and per activation "
+        f"row (MatMulInteger; faster prefill and batched decode with VNNI). Default {INT8_AUTO}: row on a CPU with "
+        f"VNNI, {INT8_BLOCK_SIZE} without (this CPU: {int8_block_name(default_int8_block())}); a row model built "
+        "with VNNI loads only where VNNI is. Larger blocks decode faster and round more coarsely: see "
+        "docs/performance/2026-12-04-int8-block-size.md"
     )
-    block_choices = "{" + ",".join(INT8_BLOCK_NAMES) + "}"
+    block_choices = "{" + ",".join((*INT8_BLOCK_NAMES, INT8_AUTO)) + "}"
     sub = model.add_subparsers(dest="model_command", required=True)
 
     p = sub.add_parser("build-default", help="build (if needed) and cache the built-in model")
@@ -126,7 +137,7 @@ def add_model_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     add_train_builtin(sub)
 
 
-def _block_size(text: str) -> int:
+def _block_size(text: str) -> int | None:
     try:
         return parse_int8_block(text)
     except ValueError as exc:
@@ -152,7 +163,7 @@ def _quantize(args: argparse.Namespace) -> int:
     block = args.block_size
     try:
         if args.layout == "contrib":
-            out = convert_to_contrib(args.src, args.dst, block=INT8_BLOCK_SIZE if block is None else block)
+            out = convert_to_contrib(args.src, args.dst, block=default_int8_block() if block is None else block)
         else:
             out = quantize_model(args.src, args.dst, block=block)
     except AlreadyContrib:  # a contrib source: --layout contrib is what quantizing it gives anyway
@@ -204,16 +215,23 @@ def _build_random(args: argparse.Namespace) -> int:
     extra = {"model_id": f"random-{args.shape}"}
     if args.vocab == "harmony":
         extra["chat_format"] = "harmony"
+    # (--fp32 builds no int8 weights: its block is unused)
+    block = INT8_BLOCK_SIZE if args.fp32 else default_int8_block() if args.block_size is None else args.block_size
     with new_directory(args.out) as tmp:
         config = shape_config(args.shape, args.vocab)
-        block = INT8_BLOCK_SIZE if args.block_size is None else args.block_size
         build_random_decoder(tmp, config, args.seed, quantize=not args.fp32, extra=extra, progress=print, block=block)
     if args.vocab == "harmony":
         note = f"serve it with SERVICE_MODEL={args.out}"
     else:
         note = "native vocabulary and no tokenizer: for benchmarks, not servable"
-    print(f"{args.out} ({time.monotonic() - started:.1f}s; {note})")
+    layout = "fp32" if args.fp32 else _int8_layout(block, chosen=args.block_size is None)
+    print(f"{args.out} ({layout}; {time.monotonic() - started:.1f}s; {note})")
     return 0
+
+
+def _int8_layout(block: int, *, chosen: bool) -> str:
+    """How a build's int8 layout is reported: its block, and whether it was picked for this CPU."""
+    return f"int8 block {int8_block_name(block)}" + (f" ({INT8_AUTO}: chosen for this CPU)" if chosen else "")
 
 
 def _build_scripted(args: argparse.Namespace) -> int:

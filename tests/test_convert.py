@@ -50,7 +50,8 @@ def converted_int8(small_fp32_dir: Path, tmp_path_factory: pytest.TempPathFactor
     src, dst = root / "fp32", root / "int8"
     shutil.copytree(small_fp32_dir, src)
     (src / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
-    result = run_cli("model", "quantize", str(src), str(dst), "--layout", "contrib")
+    # Blocks of 32, as the builder's default that contrib_int8_dir is made with (the CLI's own default is the CPU's)
+    result = run_cli("model", "quantize", str(src), str(dst), "--layout", "contrib", "--block-size", "32")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "matmulnbits_int8" in result.stdout
     return dst

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from safetensors.numpy import save_file
 
 from service.config import Settings
-from service.engine.config import DecoderConfig, read_config
+from service.engine.config import INT8_PER_ROW, DecoderConfig, default_int8_block, read_config
 from service.engine.cpu import cpu_features
 from service.engine.graph_contrib import MS, quantize_blockwise_int4
 from service.engine.importers import import_checkpoint
@@ -213,7 +213,8 @@ def test_a_checkpoint_in_the_hugging_face_cache_is_named_by_its_repository(tmp_p
 def test_int8_and_int4_imports_decode_batched_bit_identically(tmp_path: Path) -> None:
     write_checkpoint(tmp_path / "ckpt", hf_config("qwen3"), hf_weights(SHAPE, qk_norms=True))
     int8 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int8")
-    assert read_config(int8).extra["quantization"]["scheme"] == "matmulnbits_int8"
+    per_row = default_int8_block() == INT8_PER_ROW  # the layout chosen for this CPU
+    assert read_config(int8).extra["quantization"]["scheme"] == ("rows_int8" if per_row else "matmulnbits_int8")
     assert_batch_invariant(int8)
     int4 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int4", bits=4)
     assert read_config(int4).extra["quantization"]["scheme"] == "matmulnbits_int4"

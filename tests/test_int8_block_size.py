@@ -1,9 +1,10 @@
 """The int8 block size option (`--block-size` on `model build-random` and `model quantize`): written into
 every MatMulNBits node and config.json, the same model whichever way it is made, still batch-invariant,
-and refused clearly where it has no meaning."""
+refused clearly where it has no meaning, and by default (`auto`) chosen for the CPU that builds the model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +14,8 @@ import onnx
 import pytest
 
 from service.engine.builder import build_random_decoder
-from service.engine.config import INT8_BLOCK_SIZE, read_config
+from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, default_int8_block, read_config
+from service.engine.cpu import cpu_features
 from service.engine.model_files import find_model_file
 from service.engine.quantize import quantize_model
 from tests.cli_helpers import assert_one_line_error, run_cli
@@ -49,9 +51,26 @@ def test_the_block_size_is_in_every_node_and_in_config_json(built: Path) -> None
     assert read_config(built).extra["quantization"]["block_size"] == BLOCK
 
 
-def test_the_default_stays_32(contrib_fp32_dir: Path, tmp_path: Path) -> None:
+SCHEMES = {INT8_PER_ROW: "rows_int8", INT8_BLOCK_SIZE: "matmulnbits_int8"}
+
+
+def test_the_default_is_chosen_for_the_cpu(contrib_fp32_dir: Path, tmp_path: Path) -> None:
+    """Per row where the CPU has VNNI (its u8s8 QGEMM is exact and fastest there), blocks of 32 elsewhere."""
+    plain = dataclasses.replace(cpu_features(), avx512_vnni=False, avx_vnni=False, amx_int8=False)
+    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert default_int8_block(dataclasses.replace(plain, **{flag: True})) == INT8_PER_ROW
+    assert default_int8_block(plain) == INT8_BLOCK_SIZE == 32
     out = quantize_model(contrib_fp32_dir, tmp_path / "q")
-    assert INT8_BLOCK_SIZE == 32 and _blocks(out) == {32}
+    assert read_config(out).extra["quantization"]["scheme"] == SCHEMES[default_int8_block()]
+
+
+def test_build_random_says_which_layout_it_chose(tmp_path: Path) -> None:
+    chosen = "row" if default_int8_block() == INT8_PER_ROW else "32"
+    for args, said in (([], f"int8 block {chosen} (auto: chosen for this CPU)"), (["--block-size", "64"], "block 64;")):
+        result = run_cli("model", "build-random", str(tmp_path / f"m{len(args)}"), *args)
+        assert result.returncode == 0 and said in result.stdout, result.stdout + result.stderr[-2000:]
+    assert read_config(tmp_path / "m0").extra["quantization"]["scheme"] == SCHEMES[default_int8_block()]
+    assert _blocks(tmp_path / "m2") == {64}
 
 
 def test_quantizing_with_a_block_size_gives_the_model_built_with_it(
@@ -62,7 +81,7 @@ def test_quantizing_with_a_block_size_gives_the_model_built_with_it(
     quantized, default = tmp_path / "q64", tmp_path / "q32"
     result = run_cli("model", "quantize", str(contrib_fp32_dir), str(quantized), "--block-size", "64")
     assert result.returncode == 0, result.stderr[-3000:]
-    quantize_model(contrib_fp32_dir, default)
+    quantize_model(contrib_fp32_dir, default, block=INT8_BLOCK_SIZE)
     for ids in (prompt(1), prompt(9, start=40)):
         assert np.array_equal(prompt_logits(quantized, ids), prompt_logits(built, ids))
         assert not np.array_equal(prompt_logits(default, ids), prompt_logits(built, ids))
@@ -104,4 +123,5 @@ def test_a_block_size_where_nothing_is_blocked_is_refused(args: list[str], tmp_p
 
 def test_a_block_size_onnxruntime_does_not_take_is_refused_by_the_parser(tmp_path: Path) -> None:
     result = run_cli("model", "build-random", str(tmp_path / "m"), "--block-size", "48")
-    assert result.returncode == 2 and "int8 block size must be one of row, 16, 32, 64, 128, 256" in result.stderr
+    assert result.returncode == 2
+    assert "int8 block size must be one of row, 16, 32, 64, 128, 256 or auto" in result.stderr

@@ -18,7 +18,15 @@ from tokenizers import Tokenizer
 
 from service.engine.base import SamplingParams
 from service.engine.builder import build_random_decoder
-from service.engine.config import HARMONY_VOCAB_SIZE, DecoderConfig, ModelMeta, read_config, write_config
+from service.engine.config import (
+    HARMONY_VOCAB_SIZE,
+    INT8_PER_ROW,
+    DecoderConfig,
+    ModelMeta,
+    default_int8_block,
+    read_config,
+    write_config,
+)
 from service.engine.onnx_engine import OnnxEngine
 from service.engine.shapes import SHAPES, shape_config
 from service.prompting.testing_tokenizer import write_tiny_chat_model_tokenizer
@@ -27,6 +35,8 @@ from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.conftest import ROOT, ServerProcess
 from tests.engine_fixtures import SMALL
 
+# What build-random and quantize write when no --block-size is given: chosen for this CPU (default_int8_block).
+DEFAULT_SCHEME = "rows_int8" if default_int8_block() == INT8_PER_ROW else "matmulnbits_int8"
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 
 
@@ -45,7 +55,7 @@ def random_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert result.returncode == 0, result.stderr
     result = run_cli("model", "quantize", str(dirs["fp32"]), str(dirs["quantized"]))
     assert result.returncode == 0, result.stderr
-    assert "matmulnbits_int8" in result.stdout
+    assert DEFAULT_SCHEME in result.stdout
     result = run_cli("model", "quantize", "--block-size", "row", str(dirs["fp32"]), str(dirs["row-quantized"]))
     assert result.returncode == 0, result.stderr
     assert "rows_int8" in result.stdout
@@ -73,7 +83,7 @@ def test_every_shape_is_on_the_harmony_vocabulary_by_default() -> None:
 def test_build_random_writes_a_harmony_model(random_dirs: dict[str, Path]) -> None:
     meta = read_config(random_dirs["int8"])
     assert meta.decoder.vocab_size == HARMONY_VOCAB_SIZE and meta.extra["chat_format"] == "harmony"
-    assert meta.extra["quantization"]["scheme"] == "matmulnbits_int8"
+    assert meta.extra["quantization"]["scheme"] == DEFAULT_SCHEME
     assert read_config(random_dirs["fp32"]).extra["quantization"] is None
 
 
@@ -114,7 +124,8 @@ def test_build_random_and_quantized_models_serve_as_they_are(
 def test_quantize_refuses_an_int8_model_and_writes_nothing(random_dirs: dict[str, Path], tmp_path: Path) -> None:
     before = sorted(random_dirs["int8"].iterdir())
     result = run_cli("model", "quantize", str(random_dirs["int8"]), str(tmp_path / "again"))
-    assert_one_line_error(result, "quantized already", "MatMulNBits")
+    op = "MatMulIntegerToFloat" if DEFAULT_SCHEME == "rows_int8" else "MatMulNBits"
+    assert_one_line_error(result, "quantized already", op)
     assert list(tmp_path.iterdir()) == [] and sorted(random_dirs["int8"].iterdir()) == before
     result = run_cli("model", "quantize", str(random_dirs["fp32"]), str(random_dirs["quantized"]))
     assert_one_line_error(result, "already exists")

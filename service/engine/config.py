@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from service.engine.cpu import CpuFeatures, cpu_features
 from service.engine.model_files import ModelDirError
 
 CONFIG_FILE = "config.json"
@@ -17,17 +18,19 @@ HARMONY_VOCAB_SIZE = 201_088
 HARMONY_BOS_ID = 199_998  # <|startoftext|>
 HARMONY_EOS_ID = 200_002  # <|return|>
 
-# int8 weights' block along K: 32 by default, as onnxruntime-genai's builder and llama.cpp's Q8_0. The sizes
-# MatMulNBits accepts (a power of two, at least 16). accuracy_level 4 also quantizes the activations in blocks
-# of this size, so larger blocks run faster (fewer scales per dot product) but round more coarsely around an
-# outlier activation: a build option measured in docs/performance/2026-12-04-int8-block-size.md, not the default.
+# int8 weights' block along K, as onnxruntime-genai's builder and llama.cpp's Q8_0: 32. The sizes MatMulNBits
+# accepts (a power of two, at least 16). accuracy_level 4 also quantizes the activations in blocks of this size,
+# so larger blocks run faster (fewer scales per dot product) but round more coarsely around an outlier
+# activation: a build option measured in docs/performance/2026-12-04-int8-block-size.md.
 INT8_BLOCK_SIZE = 32
 # Block "row" (0 here): one scale per weight row (output channel) and one per activation row, multiplied by
 # MatMulInteger (MLAS's QGEMM, exact int32 sums) instead of MatMulNBits: a row's result is the same bits at any
-# batch and in any run length, and the QGEMM kernels run prefill and batched decode faster
-# (docs/performance/2026-12-04-per-row-int8.md). Coarser weight scales than blocks, so also a build option.
+# batch and in any run length, and on a CPU with VNNI the QGEMM kernels run prefill and batched decode faster
+# (docs/performance/2026-12-04-per-row-int8.md).
 INT8_PER_ROW = 0
 INT8_BLOCK_SIZES = (INT8_PER_ROW, 16, 32, 64, 128, 256)
+# What `--block-size auto` (the default of build-random, quantize and import) picks: default_int8_block().
+INT8_AUTO = "auto"
 
 
 def int8_block_name(block: int) -> str:
@@ -38,11 +41,22 @@ def int8_block_name(block: int) -> str:
 INT8_BLOCK_NAMES = tuple(map(int8_block_name, INT8_BLOCK_SIZES))  # the CLI's choices, in order
 
 
-def parse_int8_block(text: str) -> int:
-    """The CLI's --block-size: "row" or one of the MatMulNBits sizes."""
+def default_int8_block(features: CpuFeatures | None = None) -> int:
+    """The int8 layout written when none is named, chosen for the CPU that builds the model: per row where it has
+    VNNI (u8s8 QGEMM: 1.7x prefill, 1.2-1.9x batched decode, 1.1x batch 1 against blocks of 32, measured on AMD
+    EPYC and Intel Xeon with AMX), blocks of 32 elsewhere (per row there runs the u8u8 kernels: no faster at
+    batch 16, 12% slower at batch 1, and blocks of 32 load on any CPU). A per-row model built with VNNI is
+    refused, in one line saying what to rebuild, on a CPU without it (onnx_engine.check_int8_kernels)."""
+    return INT8_PER_ROW if (features or cpu_features()).has_vnni else INT8_BLOCK_SIZE
+
+
+def parse_int8_block(text: str) -> int | None:
+    """The CLI's --block-size: "row", one of the MatMulNBits sizes, or "auto" (None: default_int8_block)."""
+    if text == INT8_AUTO:
+        return None
     block = INT8_PER_ROW if text == "row" else int(text) if text.isdigit() else -1
     if block not in INT8_BLOCK_SIZES:
-        raise ValueError(f"int8 block size must be one of {', '.join(INT8_BLOCK_NAMES)}")
+        raise ValueError(f"int8 block size must be one of {', '.join(INT8_BLOCK_NAMES)} or {INT8_AUTO}")
     return block
 
 

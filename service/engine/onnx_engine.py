@@ -244,5 +244,5 @@ def check_int8_kernels(scheme: dict[str, Any]) -> None:
         raise EngineError(
             "its per-row int8 weights were built for a CPU with VNNI (u8s8 kernels) and this CPU has none "
             f"({cpu_features().int8_kernel}), where those kernels saturate; rebuild the model on this machine "
-            "(model build-random / model quantize --block-size row), which stores them for the exact u8u8 kernels"
+            "(model build-random, model quantize or model import choose its int8 layout for the CPU they run on)"
         )

@@ -18,7 +18,14 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from service.engine.config import CONFIG_FILE, INT8_BLOCK_SIZE, INT8_PER_ROW, read_config, write_config
+from service.engine.config import (
+    CONFIG_FILE,
+    INT8_BLOCK_SIZE,
+    INT8_PER_ROW,
+    default_int8_block,
+    read_config,
+    write_config,
+)
 from service.engine.cpu import cpu_features
 from service.engine.graph_contrib import (
     MS,
@@ -48,8 +55,8 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
     """Write an int8 copy of the model in `src_dir` to the new directory `dst_dir`.
 
     reduce_range (7-bit weights, standard graphs only) defaults to on for CPUs without VNNI, whose
-    u8s8 kernel saturates. `block` (contrib graphs only): the weights' block size along K, default 32, or
-    INT8_PER_ROW."""
+    u8s8 kernel saturates. `block` (contrib graphs only): the weights' block size along K or INT8_PER_ROW;
+    default: default_int8_block(), chosen for this CPU."""
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     src = find_model_file(src_dir)
     meta = read_config(src_dir)
@@ -60,7 +67,7 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
         raise AlreadyQuantized(f"{src_dir} is quantized already ({found}); nothing to do")
     with new_directory(dst_dir) as tmp:
         if "GroupQueryAttention" in ops:
-            block = INT8_BLOCK_SIZE if block is None else block
+            block = default_int8_block() if block is None else block
             scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block)
         elif block is not None:
             raise ModelDirError(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from service.engine.config import CONFIG_FILE, INT8_BLOCK_SIZE, int8_block_name
+from service.engine.config import CONFIG_FILE, INT8_BLOCK_SIZE, default_int8_block, int8_block_name
 from service.engine.importers.checkpoint import Checkpoint
 from service.engine.importers.dense import DenseModel, UnsupportedCheckpoint, write_dense
 from service.engine.importers.llama import MODEL_TYPES as LLAMA_TYPES
@@ -70,10 +70,10 @@ def import_checkpoint(
     """Import the checkpoint in `src` into the new directory `out` (written beside it and renamed into place):
     graph, config.json (with a `source` block: architecture, parameters, dtypes, hashes) and the tokenizer, chat
     template and generation config. `bits`: 8 (int8, the default for dense families), 4 (int4 projections), 32
-    (unquantized); `block`: the quantized weights' block size along K (int8 also INT8_PER_ROW, "row");
-    `max_context`: the served context (default: the checkpoint's, at most dense.DEFAULT_MAX_CONTEXT). `progress`
-    hears each step; `bar` draws a progress bar over the tensors read. ModelDirError (one line) says what does
-    not fit."""
+    (unquantized); `block`: the quantized weights' block size along K (int8 also INT8_PER_ROW, "row"; default:
+    default_int8_block() for int8, 32 for int4); `max_context`: the served context (default: the checkpoint's, at
+    most dense.DEFAULT_MAX_CONTEXT). `progress` hears each step; `bar` draws a progress bar over the tensors read.
+    ModelDirError (one line) says what does not fit."""
     src, out = Path(src), Path(out)
     note = progress or (lambda _msg: None)
     with Checkpoint(src) as ckpt:
@@ -124,7 +124,8 @@ def _check_block(bits: int, block: int | None) -> int:
         if block is not None:
             raise ModelDirError("--block-size is for quantized imports (--bits 8 or 4), not --bits 32")
         return INT8_BLOCK_SIZE
-    block = INT8_BLOCK_SIZE if block is None else block
+    if block is None:  # int8: the layout chosen for this CPU; int4: MatMulNBits blocks of 32
+        block = default_int8_block() if bits == 8 else INT8_BLOCK_SIZE
     try:
         return check_int4_block_size(block) if bits == 4 else check_block_size(block)
     except ValueError as exc:
