@@ -231,7 +231,7 @@ def test_an_int4_import_decodes_one_sequence_at_a_time_without_vnni(
 
     write_checkpoint(tmp_path / "ckpt", hf_config("qwen2"), hf_weights(SHAPE, biases=True))
     int4 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int4", bits=4)
-    int8 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int8")
+    int8 = import_checkpoint(tmp_path / "ckpt", tmp_path / "int8", block=32)  # what an import there would write
     no_vnni = dataclasses.replace(cpu_features(), avx512_vnni=False, avx_vnni=False, amx_int8=False)
     monkeypatch.setattr(onnx_engine, "cpu_features", lambda: no_vnni)
     assert OnnxEngine(int4, intra_op_threads=1, max_batch=16).max_batch == 1
