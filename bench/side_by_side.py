@@ -98,6 +98,10 @@ class Result:
         return {s.clients: s for s in self.samples}
 
 
+# This server's builds, by --variants name: the int8 block build-random is given (None: its default for this CPU).
+VARIANTS: dict[str, int | None] = {"default": None, "row": INT8_PER_ROW, "32": 32}
+
+
 def prompt_texts(count: int, tokens: int) -> list[str]:
     """`count` distinct user texts of about `tokens` o200k tokens, each with its id first."""
     encoding = load_harmony()
@@ -269,13 +273,13 @@ def run(
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for variant in variants:
-            block = {"default": None, "row": INT8_PER_ROW}[variant]
+            block = VARIANTS[variant]
             model_dir = model_dir_for(model, work_dir, block if model == "qwen" else None)
             if model == "qwen":
                 built = default_int8_block() if block is None else block  # the default is chosen for the CPU
                 name = int8_block_name(built)
                 label = "this server, `build-random --shape qwen2.5-0.5b`" + (
-                    f" (default, here {name})" if block is None else " `--block-size row`"
+                    f" (default, here {name})" if block is None else f" `--block-size {name}`"
                 )
                 weights = "int8 per row" if built == INT8_PER_ROW else f"int8, blocks of {name}"
             else:
@@ -421,12 +425,16 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128, help="output tokens per response (forced)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default="qwen", help="qwen (the peers' shape) or tiny (this server alone)")
-    parser.add_argument("--variants", default="default,row", help="this server's builds: default and/or row")
+    parser.add_argument(
+        "--variants",
+        default="default,row",
+        help="this server's builds: default (the layout build-random picks for this CPU), row, 32 (blocks of 32)",
+    )
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance" / "side-by-side.md")
     args = parser.parse_args()
-    if not set(args.variants.split(",")) <= {"default", "row"}:
-        parser.error("--variants: default and/or row")
+    if not set(args.variants.split(",")) <= set(VARIANTS):
+        parser.error(f"--variants: some of {', '.join(VARIANTS)}")
     run(
         clients=[int(c) for c in args.clients.split(",")],
         prompt=args.prompt,
