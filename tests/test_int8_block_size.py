@@ -57,8 +57,12 @@ SCHEMES = {INT8_PER_ROW: "rows_int8", INT8_BLOCK_SIZE: "matmulnbits_int8"}
 def test_the_default_is_chosen_for_the_cpu(contrib_fp32_dir: Path, tmp_path: Path) -> None:
     """Per row where the CPU has VNNI (its u8s8 QGEMM is exact and fastest there), blocks of 32 elsewhere."""
     plain = dataclasses.replace(cpu_features(), avx512_vnni=False, avx_vnni=False, amx_int8=False)
-    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
-        assert default_int8_block(dataclasses.replace(plain, **{flag: True})) == INT8_PER_ROW
+    for vnni in (
+        dataclasses.replace(plain, avx512_vnni=True),
+        dataclasses.replace(plain, avx_vnni=True),
+        dataclasses.replace(plain, amx_int8=True),
+    ):
+        assert default_int8_block(vnni) == INT8_PER_ROW
     assert default_int8_block(plain) == INT8_BLOCK_SIZE == 32
     out = quantize_model(contrib_fp32_dir, tmp_path / "q")
     assert read_config(out).extra["quantization"]["scheme"] == SCHEMES[default_int8_block()]
