@@ -7,28 +7,24 @@ import functools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-import jinja2
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import observability as metrics
-from service.agent import setup as agent_setup
 from service.agent.items import auto_container_id, wants_auto_container
 from service.agent.runtime import ToolRuntime
-from service.agent.setup import PreparedTools
 from service.config import Settings
 from service.constraints.plan import constraint_spec
 from service.containers import Containers
-from service.conversations.service import Conversations
 from service.errors import InvalidRequest, NotFound
 from service.item_references import resolve_references
 from service.limits import check_runs
 from service.log.facts import ApprovedCall, RequestFact, Sampling, decode_as, fact_data
 from service.model_runtime import ModelRuntime
 from service.notify import Notifier
+from service.prompt_assembly import PromptAssembler, conversation_of
 from service.prompting.base import PromptRequest
 from service.protocol import (
     TERMINAL_STATUSES,
@@ -39,18 +35,13 @@ from service.protocol import (
     normalize_input,
     wants_logprobs,
 )
-from service.protocol.client_tools import as_function_item
-from service.protocol.requests import model_effort, refuse_not_offered
-from service.protocol.tools import McpToolChoice, constraint_choice, model_tools
+from service.protocol.requests import refuse_not_offered
+from service.protocol.tools import constraint_choice
 from service.runs import RunSupervisor
 from service.store import leases, read_models, recorder
 from service.store.schema import DEFAULT_PROJECT
 from service.stream_builder import StreamBuilder
 from service.tools.secrets import redact
-
-# store=false responses the current caller may continue from with previous_response_id: a WebSocket connection's
-# own (service/http/websocket.py), kept for it as OpenAI keeps them; nowhere else is a store=false response read.
-continuable_unstored: ContextVar[frozenset[str]] = ContextVar("continuable_unstored", default=frozenset())
 
 
 @dataclass(frozen=True)
@@ -77,6 +68,7 @@ class Commands:
         self.notifier = notifier
         self.settings = settings
         self.tools = tools if tools is not None else supervisor.tools
+        self.prompts = PromptAssembler(db, runtime, self.tools)
 
     async def create(
         self,
@@ -104,9 +96,8 @@ class Commands:
             refuse_not_offered(request)
         response_id = new_response_id()
         input_items = await resolve_references(self.db, normalize_input(request, response_id), project=project)
-        prompt_request, prompt_ids, tools, effort, server_tools = await self._prompt(
-            request, input_items, project=project
-        )
+        prompt = await self.prompts.assemble(request, input_items, project=project)
+        prompt_request, prompt_ids, server_tools = prompt.request, prompt.token_ids, prompt.server_tools
         if server_tools.approved_call is not None:
             approved = self.runtime.chat_format.approved_call_prompt(prompt_request, prompt_ids)
             if approved is None:
@@ -128,7 +119,7 @@ class Commands:
             created_at=int(time.time()),
             max_output_tokens=None,
         )
-        conversation_id = _conversation_id(request)
+        conversation_id = conversation_of(request)
         if conversation_id is not None:
             response["conversation"] = {"id": conversation_id}
         seed = request.seed if request.seed is not None else secrets.randbits(63)
@@ -137,9 +128,9 @@ class Commands:
             response=response,
             prompt_items=prompt_request.items,
             instructions=request.instructions,
-            tools=tools,
+            tools=prompt.tools,
             constraints=constraints,
-            reasoning_effort=effort,
+            reasoning_effort=prompt.effort,
             prompt_token_ids=prompt_ids,
             input_item_count=len(input_items),
             conversation_id=conversation_id,
@@ -210,36 +201,6 @@ class Commands:
             queue_limit=self.settings.max_queued_runs,
         )
 
-    async def _prompt(
-        self, request: CreateResponseRequest, input_items: list[dict[str, Any]], *, project: str
-    ) -> tuple[PromptRequest, list[int], list[Any], Literal["low", "medium", "high"], PreparedTools]:
-        """The rendered prompt (history from previous_response_id or the conversation, then the input)."""
-        history: list[dict[str, Any]] = []
-        if request.previous_response_id is not None:
-            history = await self._history(request.previous_response_id, project=project)
-        conversation_id = _conversation_id(request)
-        if conversation_id is not None:
-            history = await Conversations(self.db).history(conversation_id, project=project)
-        _check_call_ids(history, input_items)
-        tools = [] if request.tool_choice == "none" else model_tools(request.tools)
-        server_tools = await agent_setup.prepare(
-            tools,
-            self.tools,
-            history=history,
-            input_items=input_items,
-            background=request.background,
-            project=project,
-            reserved_labels=self.runtime.chat_format.reserved_server_labels,
-            forced_label=choice.server_label if isinstance(choice := request.tool_choice, McpToolChoice) else None,
-        )
-        # The model sees function and custom tools as given, and each server's tools in its namespace.
-        tools = [t for t in tools if t not in agent_setup.server_specs(tools)] + server_tools.model_tools
-        effort = model_effort(request)
-        prompt_request, prompt_ids = await self._render_to_fit(
-            history + input_items, request, tools=tools, effort=effort
-        )
-        return prompt_request, prompt_ids, tools, effort, server_tools
-
     async def count_input_tokens(self, request: CreateResponseRequest, *, project: str) -> int:
         """`usage.input_tokens` the same create request would report (same history, rendering, truncation)."""
         if request.model not in (None, self.runtime.model_id):
@@ -249,8 +210,7 @@ class Commands:
             )
         response_id = new_response_id()
         input_items = await resolve_references(self.db, normalize_input(request, response_id), project=project)
-        _, prompt_ids, _, _, _ = await self._prompt(request, input_items, project=project)
-        return len(prompt_ids)
+        return len((await self.prompts.assemble(request, input_items, project=project)).token_ids)
 
     async def _constraints(self, request: CreateResponseRequest, prompt_request: PromptRequest) -> dict[str, Any]:
         """The run's constraint fact; a schema or grammar that does not compile is a 400 here."""
@@ -264,74 +224,6 @@ class Commands:
         limit = self.settings.max_grammar_bytes
         await asyncio.to_thread(self.runtime.check_constraints, prompt_request, constraints, max_grammar_bytes=limit)
         return constraints
-
-    async def _render_to_fit(
-        self,
-        items: list[dict[str, Any]],
-        request: CreateResponseRequest,
-        *,
-        tools: list[Any],
-        effort: Literal["low", "medium", "high"],
-    ) -> tuple[PromptRequest, list[int]]:
-        """Render the prompt; with truncation='auto', drop the oldest items until it leaves room to generate."""
-        context = self.runtime.engine.max_context
-        while True:
-            prompt_request = PromptRequest(
-                items=items,
-                instructions=request.instructions,
-                tools=tuple(tools),
-                reasoning_effort=effort,
-                response_format=_response_format(request),
-            )
-            try:
-                prompt_ids = await asyncio.to_thread(self.runtime.render, prompt_request)
-            except (ValueError, jinja2.TemplateError) as exc:
-                # The model's prompt format cannot express this input (e.g. its chat template refuses it).
-                raise InvalidRequest(
-                    f"This model's prompt format cannot render the input: {exc}", param="input"
-                ) from None
-            # With truncation='auto' the prompt must leave room for the requested output (at least one token).
-            wanted = request.max_output_tokens or 1
-            fits = len(prompt_ids) + wanted <= context if request.truncation == "auto" else len(prompt_ids) < context
-            if fits:
-                return prompt_request, prompt_ids
-            shorter = _drop_oldest(items)
-            if request.truncation == "auto" and shorter:
-                items = shorter
-                continue
-            if len(prompt_ids) < context:
-                return prompt_request, prompt_ids  # nothing left to drop: the output gets what room remains
-            asked = request.max_output_tokens
-            requested = f" and {asked} output tokens were requested" if asked else ""
-            raise InvalidRequest(
-                f"The prompt is {len(prompt_ids)} tokens; this model's context holds {context}{requested}."
-                + ("" if request.truncation == "auto" else " Set truncation='auto' to drop the oldest items."),
-                param="input",
-                code="context_length_exceeded",
-            )
-
-    async def _history(self, previous_response_id: str, *, project: str) -> list[dict[str, Any]]:
-        if not is_response_id(previous_response_id):
-            raise NotFound(
-                f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
-            )
-        async with self.db.connect() as connection:
-            previous = await read_models.get_response(connection, previous_response_id, project=project)
-            if previous is None or (
-                previous.get("store") is False and previous_response_id not in continuable_unstored.get()
-            ):
-                raise NotFound(
-                    f"Previous response with id '{previous_response_id}' not found.", param="previous_response_id"
-                )
-            if previous["status"] not in TERMINAL_STATUSES:
-                raise InvalidRequest(
-                    f"Previous response '{previous_response_id}' is still {previous['status']}.",
-                    param="previous_response_id",
-                    code="previous_response_in_progress",
-                )
-            history = await read_models.conversation_history(connection, previous_response_id, project=project)
-        # A `compaction` output item renders as nothing: its summary is already in that response's input.
-        return [item for item in history if item.get("type") != "compaction"]
 
     async def cancel(self, response_id: str, *, project: str) -> dict[str, Any]:
         """Idempotent: a finished background response is returned unchanged."""
@@ -399,42 +291,6 @@ class Commands:
     async def forget_unstored(self, response_id: str, *, project: str) -> None:
         """store=false: the client has read the end, so the response is deleted."""
         await recorder.delete_response(self.db, response_id, project=project)
-
-
-def _conversation_id(request: CreateResponseRequest) -> str | None:
-    conversation = request.conversation
-    return conversation if isinstance(conversation, str) or conversation is None else conversation.id
-
-
-def _drop_oldest(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items without the oldest one; a function call's output never outlives its call."""
-    oldest, rest = items[0], items[1:]
-    if oldest.get("type") == "function_call":
-        rest = [item for item in rest if item.get("call_id") != oldest.get("call_id")]
-    return rest
-
-
-def _check_call_ids(history: list[dict[str, Any]], input_items: list[dict[str, Any]]) -> None:
-    """A function_call_output (custom_tool_call_output) must answer a function (custom tool) call of this
-    conversation (earlier or in the input)."""
-    calls, outputs = ("function_call", "custom_tool_call"), ("function_call_output", "custom_tool_call_output")
-    # A client tool's call or output (shell_call, ...) is checked as the function call or output it reads as.
-    known = {item.get("call_id") for item in map(as_function_item, history) if item.get("type") in calls}
-    for index, item in enumerate(map(as_function_item, input_items)):
-        if item.get("type") in calls:
-            known.add(item.get("call_id"))
-        elif item.get("type") in outputs and item.get("call_id") not in known:
-            raise InvalidRequest(
-                f"No tool call found for function call output with call_id '{item.get('call_id')}'.",
-                param=f"input[{index}].call_id",
-                code="invalid_value",
-            )
-
-
-def _response_format(request: CreateResponseRequest) -> dict[str, Any] | None:
-    """text.format as the prompt shows it to the model (and the constraint enforces it)."""
-    text_format = request.text.format if request.text is not None else None
-    return text_format.model_dump(mode="json", exclude_none=True) if text_format is not None else None
 
 
 def _redacted(request: dict[str, Any]) -> dict[str, Any]:

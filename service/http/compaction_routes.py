@@ -53,7 +53,7 @@ async def _items(commands: Commands, create: CreateResponseRequest, *, project: 
     """The whole context of a request: the previous response's chain, then the input."""
     history = []
     if create.previous_response_id is not None:
-        history = await commands._history(create.previous_response_id, project=project)
+        history = await commands.prompts.history(create.previous_response_id, project=project)
     # item_reference inputs stand for the stored items they name (a user message among them is kept verbatim).
     return history + await resolve_references(commands.db, normalize_input(create, new_response_id()), project=project)
 

@@ -16,7 +16,7 @@ JSON of the SSE `data:` lines byte for byte (write before send holds: nothing is
   `response.steer.failed` (`steering_not_supported`).
 - A dropped socket ends its foreground runs as a dropped SSE client does (Commands.cancel_foreground).
 - `store: false`: like OpenAI, a response is kept for the connection that made it, so `previous_response_id`
-  may continue from it on that connection (Commands' `continuable_unstored`); all are forgotten when the
+  may continue from it on that connection (`prompt_assembly.continuable_unstored`); all are forgotten when the
   connection closes, as SSE forgets one when its stream ends."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from starlette.routing import WebSocketRoute
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from service.commands import Commands, CreatedResponse, continuable_unstored
+from service.commands import Commands, CreatedResponse
 from service.errors import ApiError, InvalidRequest, NotFound, ServerError, StoreUnavailable, Unauthorized
 from service.http.auth import ANONYMOUS, Authenticator, AuthFailed, Identity
 from service.http.body import parse_json
@@ -43,6 +43,7 @@ from service.http.include_view import IncludeView, include_view
 from service.http.sse import event_json, tail_event_batches
 from service.limits import RateLimited
 from service.observability import project_var, response_id_var
+from service.prompt_assembly import continuable_unstored
 from service.protocol import TERMINAL_EVENT_TYPES, CreateResponseRequest, parse_create_request
 from service.store.faults import is_transient
 
