@@ -417,34 +417,30 @@ def app_on_backend(backend: str, tmp: Path, **env: str) -> Iterator[ServerProces
     yield from _on_backend(InProcessServer, backend, tmp, env)
 
 
-@pytest.fixture
-def server_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
-    """`server_factory(database_url, **env)`: a ServerProcess, not started; stopped after the test."""
+def _servers(kind: type[ServerProcess], tmp_path: Path, log_prefix: str) -> Iterator[type[ServerProcess] | object]:
+    """`make(database_url, **env)`: a `kind` server, not started; every one made is stopped afterwards."""
     servers: list[ServerProcess] = []
 
     def make(database_url: str, **env: str) -> ServerProcess:
-        server = ServerProcess(database_url, tmp_path / f"server-{len(servers)}.log", **env)
+        server = kind(database_url, tmp_path / f"{log_prefix}-{len(servers)}.log", **env)
         servers.append(server)
         return server
 
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
+    """`server_factory(database_url, **env)`: a ServerProcess, not started; stopped after the test."""
+    yield from _servers(ServerProcess, tmp_path, "server")
 
 
 @pytest.fixture
 def app_factory(tmp_path: Path, random_model_dir: Path) -> Iterator[type[ServerProcess] | object]:
     """As server_factory, making InProcessServers."""
-    servers: list[ServerProcess] = []
-
-    def make(database_url: str, **env: str) -> ServerProcess:
-        server = InProcessServer(database_url, tmp_path / f"app-{len(servers)}.log", **env)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+    yield from _servers(InProcessServer, tmp_path, "app")
 
 
 @pytest.fixture
