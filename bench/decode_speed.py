@@ -54,8 +54,8 @@ from service.engine.config import (
     INT8_BLOCK_SIZE,
     INT8_PER_ROW,
     DecoderConfig,
-    default_int8_block,
     int8_block_name,
+    int8_block_or_default,
     parse_int8_block,
 )
 from service.engine.model_dir import ensure_builtin_model
@@ -336,8 +336,7 @@ def main() -> None:
         f"genai's builder, which has no per-row int8, gets {INT8_BLOCK_SIZE})",
     )
     args = ap.parse_args()
-    if args.block_size is None:  # --block-size auto: what build-random picks for this CPU
-        args.block_size = default_int8_block()
+    args.block_size = int8_block_or_default(args.block_size)  # --block-size auto: what build-random picks here
     config = shape_config("qwen2.5-0.5b", args.vocab)
     prompt = [int(t) for t in np.random.default_rng(1).integers(0, config.vocab_size, args.prompt)]
     contrib_dir = args.work_dir / f"{args.vocab}-contrib-int8{_block_suffix(args.block_size)}"

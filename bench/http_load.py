@@ -51,7 +51,7 @@ import httpx
 import numpy as np
 
 from service.engine.base import SamplingParams
-from service.engine.config import default_int8_block, int8_block_name, parse_int8_block
+from service.engine.config import int8_block_name, int8_block_or_default, parse_int8_block
 from service.engine.model_dir import ensure_random_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting import chat_format_for
@@ -351,7 +351,7 @@ def model_dir_for(model: str, work_dir: Path, block: int | None = None) -> Path:
     if model == "tiny":
         return ensure_random_model(MODEL_CACHE, progress=False)
     if model == "qwen":
-        name = int8_block_name(default_int8_block() if block is None else block)  # the default depends on the CPU
+        name = int8_block_name(int8_block_or_default(block))  # the default depends on the CPU
         target = work_dir / f"qwen2.5-0.5b-harmony-b{name}"
         if not (target / "config.json").exists():
             command = [sys.executable, "-m", "service", "model", "build-random", "--shape", "qwen2.5-0.5b", str(target)]

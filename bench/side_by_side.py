@@ -64,7 +64,7 @@ import httpx
 
 from bench.http_load import WORDS, Sample, machine, model_dir_for, percentile, through_server
 from service.constraints.tokenizer import HARMONY_VOCAB_SIZE
-from service.engine.config import INT8_PER_ROW, default_int8_block, int8_block_name
+from service.engine.config import INT8_PER_ROW, int8_block_name, int8_block_or_default
 from service.engine.shapes import SHAPES
 from service.vocab import load_harmony
 from tests.conftest import ServerProcess, free_port
@@ -276,7 +276,7 @@ def run(
             block = VARIANTS[variant]
             model_dir = model_dir_for(model, work_dir, block if model == "qwen" else None)
             if model == "qwen":
-                built = default_int8_block() if block is None else block  # the default is chosen for the CPU
+                built = int8_block_or_default(block)  # the default is chosen for the CPU
                 name = int8_block_name(built)
                 label = "this server, `build-random --shape qwen2.5-0.5b`" + (
                     f" (default, here {name})" if block is None else f" `--block-size {name}`"

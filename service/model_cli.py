@@ -15,6 +15,7 @@ from service.engine.config import (
     DecoderConfig,
     default_int8_block,
     int8_block_name,
+    int8_block_or_default,
     parse_int8_block,
     read_config,
 )
@@ -163,7 +164,7 @@ def _quantize(args: argparse.Namespace) -> int:
     block = args.block_size
     try:
         if args.layout == "contrib":
-            out = convert_to_contrib(args.src, args.dst, block=default_int8_block() if block is None else block)
+            out = convert_to_contrib(args.src, args.dst, block=int8_block_or_default(block))
         else:
             out = quantize_model(args.src, args.dst, block=block)
     except AlreadyContrib:  # a contrib source: --layout contrib is what quantizing it gives anyway
@@ -216,7 +217,7 @@ def _build_random(args: argparse.Namespace) -> int:
     if args.vocab == "harmony":
         extra["chat_format"] = "harmony"
     # (--fp32 builds no int8 weights: its block is unused)
-    block = INT8_BLOCK_SIZE if args.fp32 else default_int8_block() if args.block_size is None else args.block_size
+    block = INT8_BLOCK_SIZE if args.fp32 else int8_block_or_default(args.block_size)
     with new_directory(args.out) as tmp:
         config = shape_config(args.shape, args.vocab)
         build_random_decoder(tmp, config, args.seed, quantize=not args.fp32, extra=extra, progress=print, block=block)

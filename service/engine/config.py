@@ -50,6 +50,11 @@ def default_int8_block(features: CpuFeatures | None = None) -> int:
     return INT8_PER_ROW if (features or cpu_features()).has_vnni else INT8_BLOCK_SIZE
 
 
+def int8_block_or_default(block: int | None) -> int:
+    """The block asked for, or (None: `--block-size auto`, nothing named) the one chosen for this CPU."""
+    return default_int8_block() if block is None else block
+
+
 def parse_int8_block(text: str) -> int | None:
     """The CLI's --block-size: "row", one of the MatMulNBits sizes, or "auto" (None: default_int8_block)."""
     if text == INT8_AUTO:

@@ -22,7 +22,7 @@ from service.engine.config import (
     CONFIG_FILE,
     INT8_BLOCK_SIZE,
     INT8_PER_ROW,
-    default_int8_block,
+    int8_block_or_default,
     read_config,
     write_config,
 )
@@ -67,7 +67,7 @@ def quantize_model(src_dir: Path, dst_dir: Path, *, reduce_range: bool | None = 
         raise AlreadyQuantized(f"{src_dir} is quantized already ({found}); nothing to do")
     with new_directory(dst_dir) as tmp:
         if "GroupQueryAttention" in ops:
-            block = default_int8_block() if block is None else block
+            block = int8_block_or_default(block)
             scheme = _quantize_contrib(onnx.load(str(src)), tmp / MODEL_FILE, block)
         elif block is not None:
             raise ModelDirError(
