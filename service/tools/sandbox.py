@@ -84,7 +84,10 @@ _ENV = {"PATH": "/usr/bin:/bin"}  # all the chain (sh, setpriv, prlimit, bwrap) 
 _DISK_POLL_SECONDS = 0.1
 log = logging.getLogger(__name__)
 _probes = itertools.count()
-_PROBE_ATTEMPTS = 3
+# Tries of the start-up probe, 0.5 s, 1 s, 2 s, 4 s apart: RLIMIT_NPROC counts every process of the sandbox uid on
+# the machine, so another server's execution at its process limit (a fork bomb) can refuse this probe's fork for
+# a few seconds.
+_PROBE_ATTEMPTS = 5
 _CONTAINER_ID = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 
@@ -297,7 +300,7 @@ class Sandbox:
             if attempt + 1 == _PROBE_ATTEMPTS:
                 raise SandboxUnavailable(reason)
             log.warning("%s; trying again", reason)
-            await asyncio.sleep(0.5 * (attempt + 1))
+            await asyncio.sleep(0.5 * 2**attempt)
         seccomp = "seccomp filter on" if fields[2:] == ["True"] else "NO seccomp filter (install python3-seccomp)"
         return f"bubblewrap sandbox with {self.python}, uid {fields[1]}, {seccomp}; {self.describe_limits(mounted)}"
 
