@@ -389,7 +389,7 @@ def markdown(
             f"| {r.label} | {r.weights} | {prompt_tokens} | {output} "
             f"| {_cells([s.tokens_per_second for s in samples], 1)} "
             f"| {_cells([percentile(s.ttft, 50) * 1e3 for s in samples])} "
-            f"| {_cells([percentile(s.itl, 50) * 1e3 for s in samples])} | {r.peak_rss / 2**20:,.0f} |"
+            f"| {_cells([percentile(s.itl, 50) * 1e3 for s in samples], 1)} | {r.peak_rss / 2**20:,.0f} |"
         )
     ours, peers = [r for r in results if not r.peer], [r for r in results if r.peer]
     lines += ["", "How each server's output length was forced: " + "; ".join(f"{r.label}: {r.forced}" for r in results)]

@@ -32,7 +32,9 @@ def test_side_by_side_writes_the_table_for_this_server_alone(tmp_path: Path, ran
     (row,) = [line for line in lines if line.startswith("| this server, model tiny |")]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     numbers = [float(cell.replace(",", "")) for cell in cells[2:]]
-    assert len(numbers) == 6 and all(number > 0 for number in numbers)
+    # prompt tokens, output tokens per response, tok/s, TTFT, ITL, peak RSS. ITL alone may be 0.0: deltas that one
+    # commit flushes together reach the client in one read, a gap under 0.05 ms.
+    assert len(numbers) == 6 and all(number > 0 for number in numbers[:4] + numbers[5:]) and numbers[4] >= 0
     assert numbers[1] == 6  # output tokens per response: the forced length
     # The peers were not given: skipped, each with a message, and no ratio table.
     assert "- llama.cpp: skipped (no --llama-server given)" in lines
