@@ -1,23 +1,40 @@
-"""Running `python -m service ...` as a user would: a subprocess, its exit status and its output."""
+"""Running `python -m service ...` as a user would: a process of its own, its exit status and its output."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from tests.conftest import MODEL_CACHE, ROOT
+from tests.conftest import FORK_SERVERS, MODEL_CACHE, ROOT
+from tests.process_fork import Forker
 
 
 def run_cli(
     *args: str, cwd: Path = ROOT, python: str = sys.executable, timeout: float = 300, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m service ARGS` with SERVICE_* variables from `env` on top of the test environment."""
+    """`python -m service ARGS` with SERVICE_* variables from `env` on top of the test environment: forked from the
+    worker's warm parent where it can be (tests/process_fork.py), else a fresh interpreter (another `python`)."""
     full_env = {**os.environ, "SERVICE_INTRA_OP_THREADS": "1", "SERVICE_MODEL_CACHE": str(MODEL_CACHE), **env}
-    return subprocess.run(
-        [python, "-m", "service", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    forker = Forker.shared(ROOT) if FORK_SERVERS and python == sys.executable else None
+    if forker is None or not forker.can_fork(full_env):
+        return subprocess.run(
+            [python, "-m", "service", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+        )
+    with tempfile.TemporaryDirectory(prefix="cli-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        process = forker.spawn(list(args), env=full_env, cwd=cwd, stdout=out, stderr=err)
+        try:
+            code = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        return subprocess.CompletedProcess(
+            ["python", "-m", "service", *args], code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:

@@ -30,6 +30,8 @@ import pytest
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests.process_fork import ForkedProcess, Forker
+
 if TYPE_CHECKING:
     from service.config import Settings
 
@@ -38,14 +40,16 @@ if TYPE_CHECKING:
 SLOW_MODULES = frozenset({"test_durability", "test_chaos", "test_server_tools", "test_chat_template_server_tools"})
 
 
-# The files that take longest (`--durations`, one worker, 2-core EPYC), started first: pytest-xdist
+# The files that take longest (summed test wall time, 2-core EPYC), started first: pytest-xdist
 # (`--dist loadfile`) hands files to workers in collection order, so the long ones would otherwise be
 # left for the end with one worker busy and the other idle. Files not listed follow in their own order.
 LONGEST_FIRST = (
-    "test_durability", "test_chaos", "test_server_tools", "test_constrained_api", "test_store_faults",
-    "test_conversations", "test_model_dirs", "test_compaction", "test_cli", "test_chat_template_server_tools",
-    "test_keys", "test_openapi", "test_isolation", "test_store_hygiene", "test_hostile_input",
+    "test_durability", "test_webhooks", "test_chaos", "test_server_tools", "test_openapi", "test_store_faults",
+    "test_conversations", "test_constrained_api", "test_model_dirs", "test_chat_template_server_tools", "test_runs",
+    "test_client_tools", "test_compaction", "test_http_load_bench", "test_engine_sampling", "test_cli",
+    "test_observability", "test_containers", "test_store_hygiene", "test_store_contract_postgres", "test_api",
 )  # fmt: skip
+
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,6 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_DSN = os.environ.get("TEST_POSTGRES_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_URL_TEMPLATE = os.environ.get("TEST_POSTGRES_URL_TEMPLATE", "postgresql+asyncpg://postgres@127.0.0.1:5432/{db}")
 MODEL_CACHE = Path(os.environ.get("SERVICE_MODEL_CACHE", ROOT / ".cache" / "models"))
+# Servers fork from a warm parent (tests/process_fork.py); TEST_FORK_SERVERS=0 starts each from a fresh interpreter.
+FORK_SERVERS = os.environ.get("TEST_FORK_SERVERS", "1") != "0"
 
 
 def _postgres_reachable() -> str | None:
@@ -200,7 +206,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m service serve` in a subprocess, as a user would run it."""
+    """`python -m service serve` in a process of its own, as a user would run it: forked from this worker's warm
+    parent (tests/process_fork.py: the same `main`, without the seconds of imports), or, where the environment
+    holds more than SERVICE_* settings, a fresh interpreter."""
 
     def __init__(self, database_url: str, log_path: Path, *, log_level: str = "warning", **env: str) -> None:
         self.database_url = database_url
@@ -208,7 +216,7 @@ class ServerProcess:
         self.log_level = log_level
         self.env = env
         self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -229,25 +237,15 @@ class ServerProcess:
 
     def start(self, timeout: float = 90) -> ServerProcess:
         env = {**os.environ, **self.settings_env()}
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "service",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                self.log_level,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        argv = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", self.log_level]
+        forker = Forker.shared(ROOT) if FORK_SERVERS else None
+        if forker is not None and forker.can_fork(env):
+            self.process = forker.spawn(argv, env=env, cwd=ROOT, stdout=self.log_path)
+        else:
+            with self.log_path.open("ab") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "service", *argv], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
