@@ -28,7 +28,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, event, exc
 from sqlalchemy import create_engine as sa_create_engine
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection, ExceptionContext, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from service.store.faults import backoff_seconds, is_transient
@@ -115,6 +115,17 @@ def configure_sqlite(engine: Engine, busy_timeout: float) -> None:
         # the upgrade. Readers begin DEFERRED and read their WAL snapshot without any lock.
         write = connection.get_execution_options().get(_WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+
+    @event.listens_for(engine, "handle_error")
+    def _sqlite_keep_connection_on_cancel(context: ExceptionContext) -> None:
+        # A task cancelled while its statement runs (a client gone, the supervisor stopping its heartbeat) is an exit
+        # exception, on which SQLAlchemy drops the connection without closing its cursor. The statement runs on to
+        # its end in aiosqlite's thread all the same, and its unfinished cursor keeps the closed connection alive
+        # (sqlite3_close_v2) with its transaction, and so the write lock, for as long as anything references the
+        # exception: every later writer waits out busy_timeout and fails. Keep the connection instead, so its
+        # cursor is closed and the transaction rolled back as after any other error.
+        if not isinstance(context.original_exception, Exception):
+            context.is_disconnect = False
 
     # pysqlite's own transaction handling must be off for the explicit BEGIN above.
     @event.listens_for(engine, "connect", insert=True)
