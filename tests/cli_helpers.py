@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.conftest import FORK_SERVERS, MODEL_CACHE, ROOT
+from tests.conftest import MODEL_CACHE, ROOT
 from tests.process_fork import Forker
 
 
@@ -18,8 +18,8 @@ def run_cli(
     """`python -m service ARGS` with SERVICE_* variables from `env` on top of the test environment: forked from the
     worker's warm parent where it can be (tests/process_fork.py), else a fresh interpreter (another `python`)."""
     full_env = {**os.environ, "SERVICE_INTRA_OP_THREADS": "1", "SERVICE_MODEL_CACHE": str(MODEL_CACHE), **env}
-    forker = Forker.shared(ROOT) if FORK_SERVERS and python == sys.executable else None
-    if forker is None or not forker.can_fork(full_env):
+    forker = Forker.for_env(ROOT, full_env, python)
+    if forker is None:
         return subprocess.run(
             [python, "-m", "service", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
         )

@@ -51,7 +51,6 @@ LONGEST_FIRST = (
 )  # fmt: skip
 
 
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.stem in SLOW_MODULES:
@@ -64,8 +63,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_DSN = os.environ.get("TEST_POSTGRES_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PG_URL_TEMPLATE = os.environ.get("TEST_POSTGRES_URL_TEMPLATE", "postgresql+asyncpg://postgres@127.0.0.1:5432/{db}")
 MODEL_CACHE = Path(os.environ.get("SERVICE_MODEL_CACHE", ROOT / ".cache" / "models"))
-# Servers fork from a warm parent (tests/process_fork.py); TEST_FORK_SERVERS=0 starts each from a fresh interpreter.
-FORK_SERVERS = os.environ.get("TEST_FORK_SERVERS", "1") != "0"
 
 
 def _postgres_reachable() -> str | None:
@@ -238,8 +235,8 @@ class ServerProcess:
     def start(self, timeout: float = 90) -> ServerProcess:
         env = {**os.environ, **self.settings_env()}
         argv = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", self.log_level]
-        forker = Forker.shared(ROOT) if FORK_SERVERS else None
-        if forker is not None and forker.can_fork(env):
+        forker = Forker.for_env(ROOT, env)
+        if forker is not None:
             self.process = forker.spawn(argv, env=env, cwd=ROOT, stdout=self.log_path)
         else:
             with self.log_path.open("ab") as log:

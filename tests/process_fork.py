@@ -36,6 +36,8 @@ _FIXED_AT_IMPORT = frozenset({"SERVICE_VOCAB_CACHE"})
 # Changed by pytest per test, or set by the service itself to the same value in every process (vocab.py,
 # prompting/chat_template.py): no reason not to fork.
 _IGNORED = frozenset({"PYTEST_CURRENT_TEST", "TIKTOKEN_ENCODINGS_BASE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"})
+# TEST_FORK_SERVERS=0 starts every process from a fresh interpreter instead.
+ENABLED = os.environ.get("TEST_FORK_SERVERS", "1") != "0"
 
 
 class ForkedProcess:
@@ -103,6 +105,15 @@ class Forker:
             if cls._shared is None or cls._shared._process.poll() is not None:
                 cls._shared = cls(root)
             return cls._shared
+
+    @classmethod
+    def for_env(cls, root: Path, env: dict[str, str], python: str = sys.executable) -> Forker | None:
+        """The worker's forker where a `python -m service` process with `env` can be forked from it; None where it
+        takes a fresh interpreter (forking turned off, another interpreter, an environment `can_fork` refuses)."""
+        if not ENABLED or python != sys.executable:
+            return None
+        forker = cls.shared(root)
+        return forker if forker.can_fork(env) else None
 
     @property
     def pid(self) -> int:
