@@ -15,7 +15,16 @@ import openai
 import pytest
 from openai.types.responses import FunctionToolParam, ResponseInputParam
 
-from service.engine.compact import UNSEEN_LOGIT, ArtifactError, CompactModel, expand, load_compact, sha256_file
+from service.engine.compact import (
+    EMBED_INDEX,
+    HEAD_IDS,
+    UNSEEN_LOGIT,
+    ArtifactError,
+    CompactModel,
+    graph_weights,
+    load_compact,
+    sha256_file,
+)
 from service.engine.config import DecoderConfig
 from service.engine.model_dir import (
     BUILTIN_ARTIFACT_DIR,
@@ -111,7 +120,7 @@ def test_a_corrupt_artifact_is_refused(tmp_path: Path) -> None:
     assert BUILTIN_MANIFEST.is_file()
 
 
-def test_expand_gives_unseen_ids_no_mass_and_a_shared_embedding() -> None:
+def test_graph_weights_keep_the_tables_compact_with_their_id_maps() -> None:
     config = DecoderConfig(
         vocab_size=50, hidden_size=4, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2, intermediate_size=8,
         max_position=16,
@@ -122,13 +131,67 @@ def test_expand_gives_unseen_ids_no_mass_and_a_shared_embedding() -> None:
         "model.embed_tokens.weight": rng.standard_normal((4, 4)).astype(np.float32),
         "lm_head.weight": rng.standard_normal((4, 4)).astype(np.float32),
     }
-    full = expand(CompactModel(weights, vocab_ids, np.array([7, 20], dtype=np.int32)), config)
-    emb, head, bias = full["model.embed_tokens.weight"], full["lm_head.weight"], full["lm_head.bias"]
-    assert emb.shape == head.shape == (50, 4) and bias.shape == (50,)
-    np.testing.assert_array_equal(emb[[3, 7, 20]], weights["model.embed_tokens.weight"][1:])
-    np.testing.assert_array_equal(emb[0], weights["model.embed_tokens.weight"][0])  # unseen -> row 0
-    assert set(np.flatnonzero(bias == 0).tolist()) == {7, 20}
-    assert (bias[bias != 0] == UNSEEN_LOGIT).all()
+    w = graph_weights(CompactModel(weights, vocab_ids, np.array([20, 7], dtype=np.int32)), config)
+    emb, index = w["model.embed_tokens.weight"], w[EMBED_INDEX]
+    assert index.shape == (50,)
+    np.testing.assert_array_equal(emb[index[[3, 7, 20]]], weights["model.embed_tokens.weight"][1:])
+    assert (index[np.setdiff1d(np.arange(50), vocab_ids)] == 0).all()  # unseen -> row 0
+    assert w[HEAD_IDS].tolist() == [7, 20]  # ascending
+    np.testing.assert_array_equal(w["lm_head.weight"], weights["lm_head.weight"][[2, 3]])
+    with pytest.raises(ArtifactError, match="target ids"):
+        graph_weights(CompactModel(weights, vocab_ids, np.array([8], dtype=np.int32)), config)
+
+
+def test_a_compact_head_gives_every_other_id_no_mass(tmp_path: Path) -> None:
+    """The graph scatters a compact head's logits into the vocabulary (UNSEEN_LOGIT elsewhere), row by row as
+    a full head with a -1e4 bias gave them, and gathers the embedding through its id map."""
+    import onnxruntime as ort
+
+    from service.engine.builder import write_contrib_model
+
+    config = DecoderConfig(
+        vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+        intermediate_size=64, max_position=64,
+    )  # fmt: skip
+    rng = np.random.default_rng(1)
+    vocab_ids = np.array([5, 9, 17, 250], dtype=np.int32)
+    h = config.hidden_size
+    weights = {name: rng.standard_normal(shape).astype(np.float32) * 0.2 for name, shape in [
+        ("model.embed_tokens.weight", (5, h)), ("lm_head.weight", (5, h)), ("model.norm.weight", (h,)),
+        ("model.layers.0.input_layernorm.weight", (h,)), ("model.layers.0.post_attention_layernorm.weight", (h,)),
+        ("model.layers.0.self_attn.q_proj.weight", (32, h)), ("model.layers.0.self_attn.k_proj.weight", (16, h)),
+        ("model.layers.0.self_attn.v_proj.weight", (16, h)), ("model.layers.0.self_attn.o_proj.weight", (h, 32)),
+        ("model.layers.0.mlp.gate_proj.weight", (64, h)), ("model.layers.0.mlp.up_proj.weight", (64, h)),
+        ("model.layers.0.mlp.down_proj.weight", (h, 64)),
+    ]}  # fmt: skip
+    compact = CompactModel(weights, vocab_ids, np.array([9, 250], dtype=np.int32))
+    model = write_contrib_model(tmp_path / "m", config, graph_weights(compact, config), quantize=False)
+    session = ort.InferenceSession(str(model / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds: dict[str, np.ndarray] = {
+        "input_ids": np.array([[9, 250, 3], [17, 1, 299]]),
+        "attention_mask": np.ones((2, 3), np.int64),
+    }
+    for spec in session.get_inputs()[2:]:
+        feeds[spec.name] = np.zeros((2, 1, 8, 16), np.float32)
+    logits = session.run(["logits"], feeds)[0]
+    assert logits.shape == (2, 1, 300)
+    written = np.zeros(300, dtype=bool)
+    written[[9, 250]] = True
+    assert (logits[:, :, ~written] == UNSEEN_LOGIT).all()
+    assert (np.abs(logits[:, :, written]) < 100).all() and not np.array_equal(logits[0], logits[1])
+    # the same as the full-vocabulary tables: every id's embedding row, a head row per id, -1e4 as a bias
+    w = graph_weights(compact, config)
+    full = {k: v for k, v in w.items() if k not in (EMBED_INDEX, HEAD_IDS)}
+    full["model.embed_tokens.weight"] = w["model.embed_tokens.weight"][w[EMBED_INDEX]]
+    full["lm_head.weight"] = np.zeros((300, h), np.float32)
+    full["lm_head.weight"][w[HEAD_IDS]] = w["lm_head.weight"]
+    full["lm_head.bias"] = np.where(written, 0.0, UNSEEN_LOGIT).astype(np.float32)
+    wide = write_contrib_model(tmp_path / "full", config, full, quantize=False)
+    reference = ort.InferenceSession(str(wide / "model.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(reference.run(["logits"], feeds)[0], logits, rtol=1e-5, atol=1e-5)
+    # an unseen id reads row 0, as any other unseen id does: swapping 3 for 4 changes nothing
+    feeds["input_ids"] = np.array([[9, 250, 4], [17, 2, 298]])
+    np.testing.assert_array_equal(session.run(["logits"], feeds)[0], logits)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
+from service.engine.scripted import Rule, write_scripted_model
 from tests.api_helpers import assert_well_formed_stream, client_for, raw_events, sql_rows, text_from_deltas
 from tests.conftest import ServerProcess
 
@@ -67,6 +69,19 @@ TOOLS: list[Any] = [
 ]
 
 
+OBJECT = {"answer": 42, "unit": "cm"}
+
+
+def _object_writer(app_factory: ServerFactory, tmp: Path) -> ServerProcess:
+    """A server on a scripted model that answers OBJECT (service/engine/scripted.py): the random model's
+    json_object runs end only by luck, this one's end whatever the weights. Its own database: servers on one
+    database are replicas, and either could run the other's requests."""
+    script = f"<|channel|>final<|message|>{json.dumps(OBJECT)}<|return|>"
+    model = write_scripted_model(tmp / "object-writer", [Rule(script)], model_id="object-writer")
+    database = f"sqlite+aiosqlite:///{tmp / 'object-writer.db'}"
+    return app_factory(database, SERVICE_MODEL=str(model)).start()
+
+
 def _calls(response: Any) -> list[dict[str, Any]]:
     return [item for item in response["output"] if item["type"] in ("function_call", "custom_tool_call")]
 
@@ -81,7 +96,7 @@ def _check_call(call: dict[str, Any]) -> None:
         assert re.fullmatch(CODE, call["input"]), call["input"]
 
 
-def test_strict_json_schema_streamed_and_stored(database_url: str, app_factory: ServerFactory) -> None:
+def test_strict_json_schema_streamed_and_stored(database_url: str, app_factory: ServerFactory, tmp_path: Path) -> None:
     server = app_factory(database_url, **BUDGET).start()
     client = client_for(server.url)
     for seed in (1, 2):
@@ -105,8 +120,8 @@ def test_strict_json_schema_streamed_and_stored(database_url: str, app_factory: 
         replayed = raw_events(server.url, streamed["id"])  # the log replays what was streamed
         assert [e["type"] for e in replayed] == [e["type"] for e in events]
         assert text_from_deltas(replayed) == text_from_deltas(events)
-    # json_object has no bound: a random model may keep writing keys. Every run that ends is an object,
-    # and greedy decoding (plus a few seeds) ends.
+    # json_object has no bound: the random model keeps writing keys and strings until the limit cuts it, an
+    # object so far; a run that ends is an object. A model that writes an object ends with it.
     choices: list[Any] = [{"temperature": 0}, *({"extra_body": {"seed": seed}} for seed in range(3))]
     runs = [
         client.responses.create(
@@ -114,10 +129,16 @@ def test_strict_json_schema_streamed_and_stored(database_url: str, app_factory: 
         )
         for options in choices
     ]
-    assert any(run.status == "completed" for run in runs)
     for run in runs:
+        assert run.output_text.lstrip().startswith("{")
         if run.status == "completed":
             assert isinstance(json.loads(run.output_text), dict)
+        else:
+            assert run.incomplete_details and run.incomplete_details.reason == "max_output_tokens"
+    writer = client_for(_object_writer(app_factory, tmp_path).url)
+    answer = writer.responses.create(input="an object", text={"format": {"type": "json_object"}})
+    assert answer.status == "completed" and json.loads(answer.output_text) == OBJECT
+    assert answer.model_dump()["text"]["format"]["type"] == "json_object"
     # Penalties: deterministic per seed, and they change what is drawn.
     penalised = [
         client.responses.create(
@@ -217,18 +238,25 @@ def test_custom_tool_call_and_its_output_next_turn(database_url: str, app_factor
 
 @pytest.mark.parametrize("kind", ["json_schema", "custom_lark"])
 def test_constrained_run_resumes_after_kill_9(database_url: str, server_factory: ServerFactory, kind: str) -> None:
-    env = {"SERVICE_REASONING_TOKENS_MEDIUM": "150"}  # a long enough run to be killed in the middle
+    # The random model writes no special token by itself, so an analysis it opens runs the whole reasoning
+    # budget: ~1,000 tokens, long enough to be killed in the middle. Whether it opens one is the header's draw
+    # (analysis or the answer/call, about even): the first seed that reasons is the one killed.
+    env = {"SERVICE_REASONING_TOKENS_MEDIUM": "1000"}
     server = server_factory(database_url, **env).start()
     client = client_for(server.url)
-    request: dict[str, Any] = {"input": "think, then answer", "max_output_tokens": 300, "extra_body": {"seed": 77}}
+    request: dict[str, Any] = {"input": "think, then answer", "max_output_tokens": 1300}
     if kind == "json_schema":
-        # A seed whose analysis runs its whole budget (~210 tokens; seed 77 ends it at 49, which a fast engine
-        # could finish before the kill lands).
-        request |= {"text": PERSON_FORMAT, "extra_body": {"seed": 64}}
+        request |= {"text": PERSON_FORMAT}
     else:
         request |= {"tools": TOOLS, "tool_choice": {"type": "custom", "name": "calc"}}
-    reference = client.responses.create(**request).model_dump()
-    assert reference["status"] == "completed"
+    for seed in range(16):
+        request["extra_body"] = {"seed": seed}
+        reference = client.responses.create(**request).model_dump()
+        assert reference["status"] == "completed"
+        if reference["usage"]["output_tokens_details"]["reasoning_tokens"] >= 500:
+            break
+    else:
+        pytest.fail("none of 16 seeds reasoned before answering")
     stream = client.responses.create(**request, background=True, stream=True)
     seen = []
     for event in stream:
@@ -381,7 +409,7 @@ def test_bad_constraints_are_400_and_store_nothing(database_url: str, app_factor
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_constrained_objects_and_events_conform(database_url: str, app_factory: ServerFactory) -> None:
+def test_constrained_objects_and_events_conform(database_url: str, app_factory: ServerFactory, tmp_path: Path) -> None:
     """json_object answers and forced function calls validate against OpenAI's types and the Open Responses
     models; json_schema answers and custom tool calls against OpenAI's: the Open Responses spec has no
     custom tools, and openresponses-types types a json_schema format's `schema` as null (a generator bug),
@@ -392,16 +420,18 @@ def test_constrained_objects_and_events_conform(database_url: str, app_factory: 
     from tests.test_conformance import OPENAI_EVENT, assert_event_conforms, assert_response_conforms, sse_data
 
     server = app_factory(database_url, **BUDGET).start()
-    bodies: list[dict[str, Any]] = [
-        {"input": "x", "text": {"format": {"type": "json_object"}}, "max_output_tokens": 60, "temperature": 0},
-        {"input": "call", "tools": TOOLS[:2], "tool_choice": "required", "max_output_tokens": 80, "seed": 2},
+    writer = _object_writer(app_factory, tmp_path)  # json_object runs that end
+    bodies: list[tuple[ServerProcess, dict[str, Any]]] = [
+        (writer, {"input": "x", "text": {"format": {"type": "json_object"}}, "max_output_tokens": 60}),
+        (server, {"input": "call", "tools": TOOLS[:2], "tool_choice": "required", "max_output_tokens": 80, "seed": 2}),
     ]
-    with httpx.Client(base_url=server.url, timeout=120) as http:
-        for body in bodies:
+    for on, body in bodies:
+        with httpx.Client(base_url=on.url, timeout=120) as http:
             with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as stream:
                 events = [assert_event_conforms(raw) for raw in sse_data(stream)]
             assert events[-1]["response"]["status"] == "completed"
             assert_response_conforms(http.get(f"/v1/responses/{events[-1]['response']['id']}").text)
+    with httpx.Client(base_url=server.url, timeout=120) as http:
         openai_only: list[tuple[dict[str, Any], str]] = [
             ({"input": "a person", "text": PERSON_FORMAT, "max_output_tokens": 150, "seed": 1}, "message"),
             ({"input": "add", "tools": TOOLS, "tool_choice": {"type": "custom", "name": "calc"}}, "custom_tool_call"),

@@ -7,11 +7,13 @@ import asyncio
 import re
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 from sqlalchemy.engine import make_url
 
+from service.engine.scripted import Rule, write_scripted_model
 from tests.api_helpers import client_for, final_text
 from tests.conftest import ROOT, ServerProcess
 
@@ -56,12 +58,25 @@ def run_query(database_url: str, sql: str) -> list[tuple[Any, ...]]:
     return asyncio.run(fetch())
 
 
-def test_every_readme_query_runs_on_its_database(database_url: str, app_factory: Callable[..., ServerProcess]) -> None:
-    server = app_factory(database_url).start()
+# A scripted model (service/engine/scripted.py) that answers each turn by itself, so that the conversation the
+# queries read has an answer in every turn whatever a model's weights draw (first match wins: the second turn
+# reasons, then answers with its analysis in the sequence).
+RULES = [
+    Rule("<|channel|>final<|message|>Then we talk.<|return|>", ["They ask what follows."]),
+    Rule("<|channel|>analysis<|message|>They ask what follows.<|end|><|start|>", ["And then?"]),
+    Rule("<|channel|>final<|message|>Hello! How can I help?<|return|>"),
+]
+
+
+def test_every_readme_query_runs_on_its_database(
+    database_url: str, app_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    model = write_scripted_model(tmp_path / "scripted", RULES)
+    server = app_factory(database_url, SERVICE_MODEL=str(model)).start()
     client = client_for(server.url)
-    first = client.responses.create(input="Hello there", max_output_tokens=8, extra_body={"seed": 1})
+    first = client.responses.create(input="Hello there", max_output_tokens=32, extra_body={"seed": 1})
     second = client.responses.create(
-        input="And then?", previous_response_id=first.id, max_output_tokens=12, extra_body={"seed": 2}
+        input="And then?", previous_response_id=first.id, max_output_tokens=32, extra_body={"seed": 2}
     )
     events = [
         e.model_dump(mode="json") for e in client.responses.create(input="Streamed", max_output_tokens=6, stream=True)
@@ -69,7 +84,7 @@ def test_every_readme_query_runs_on_its_database(database_url: str, app_factory:
     streamed = events[-1]["response"]
     ids = {first.id, second.id, streamed["id"]}
     text = final_text(second.model_dump(mode="json"))
-    assert text
+    assert text == "Then we talk."
 
     dialect = make_url(database_url).get_backend_name()
     results = {

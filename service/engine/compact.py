@@ -3,8 +3,9 @@
 The artifact is one `.npz`: the weights (float16, Hugging Face names, compact rows), `vocab_ids`
 (compact row i >= 1 is vocabulary id vocab_ids[i - 1]; row 0 stands for every id the training
 corpus never used) and `target_ids` (the ids the model was trained to write). Expanding it gives the
-full-vocabulary weights the graph builder takes: unseen input ids share row 0's embedding, and
-`lm_head.bias` gives every id outside `target_ids` a logit of -1e4 (no probability mass)."""
+weights the graph builder takes (`graph_weights`), both tables still compact: unseen input ids share row 0's
+embedding, and the head computes only the `target_ids`, every other id getting a logit of -1e4 (no
+probability mass)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from service.engine.config import DecoderConfig
 
 UNSEEN_LOGIT = -1e4  # exp(-1e4) is 0 in float32: ids the model never wrote cannot be sampled
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
+EMBED_INDEX = "model.embed_tokens.index"  # int64 [vocab]: the compact embedding row of each id
+HEAD_IDS = "lm_head.ids"  # int64 [n], ascending: the id of each compact head row
 
 
 class ArtifactError(RuntimeError):
@@ -70,21 +73,23 @@ def load_compact(path: Path, sha256: str) -> CompactModel:
     return CompactModel({k: v.astype(np.float32) for k, v in arrays.items()}, vocab_ids, target_ids)
 
 
-def expand(model: CompactModel, config: DecoderConfig) -> dict[str, np.ndarray]:
-    """Full-vocabulary weights for `config` (vocab_size = the tokenizer's), plus `lm_head.bias`."""
+def graph_weights(model: CompactModel, config: DecoderConfig) -> dict[str, np.ndarray]:
+    """The weights the contrib graph builder takes for `config` (vocab_size = the tokenizer's), the two
+    vocabulary tables kept compact: `model.embed_tokens.weight` is the artifact's (row 0 for every unseen id)
+    with EMBED_INDEX giving each id its row, and `lm_head.weight` holds only the rows of the ids in HEAD_IDS
+    (`target_ids`), so that a step computes the logits of the ids the model writes, not the whole vocabulary's
+    (the graph gives every other id UNSEEN_LOGIT)."""
     ids = model.vocab_ids.astype(np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
         raise ArtifactError(f"artifact ids fall outside the {config.vocab_size}-id vocabulary")
     w = {k: v for k, v in model.weights.items() if k not in _TABLES}
-    emb = model.weights["model.embed_tokens.weight"]
-    full = np.empty((config.vocab_size, config.hidden_size), dtype=np.float32)
-    full[:] = emb[0]
-    full[ids] = emb[1:]
-    w["model.embed_tokens.weight"] = full
-    head = np.zeros((config.vocab_size, config.hidden_size), dtype=np.float32)
-    head[ids] = model.weights["lm_head.weight"][1:]
-    w["lm_head.weight"] = head
-    bias = np.full(config.vocab_size, UNSEEN_LOGIT, dtype=np.float32)
-    bias[model.target_ids.astype(np.int64)] = 0.0
-    w["lm_head.bias"] = bias
+    index = np.zeros(config.vocab_size, dtype=np.int64)
+    index[ids] = np.arange(1, ids.size + 1)
+    w["model.embed_tokens.weight"] = model.weights["model.embed_tokens.weight"]
+    w[EMBED_INDEX] = index
+    targets = np.unique(model.target_ids.astype(np.int64))
+    if not np.isin(targets, ids).all():
+        raise ArtifactError("the artifact's target ids are not all among its vocabulary ids")
+    w["lm_head.weight"] = model.weights["lm_head.weight"][index[targets]]
+    w[HEAD_IDS] = targets
     return w

@@ -8,8 +8,10 @@ activations quantized per row block) or, with block "row", MatMulIntegerToFloat 
 one scale per output channel and activations quantized per row in the graph; or MatMulNBits bits=4 in
 blocks of 16 or 32 (the block sizes where its one-row and many-row kernels agree). Optional q/k/v
 biases (Qwen2) are added after the fused projection; optional per-head q/k RMSNorms (Qwen3) are applied
-to the split projection before GroupQueryAttention's rotary. Inputs: input_ids [b, s], attention_mask
-[b, past + s]; outputs logits [b, 1, vocab] (last position) and present.{i}.key/.value.
+to the split projection before GroupQueryAttention's rotary. A model trained on part of the vocabulary
+(service.engine.compact) keeps both tables compact: the embedding gathered through an id -> row table, the
+head computing only the ids the model writes, the rest given UNSEEN_LOGIT. Inputs: input_ids [b, s],
+attention_mask [b, past + s]; outputs logits [b, 1, vocab] (last position) and present.{i}.key/.value.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from service.engine.compact import EMBED_INDEX, HEAD_IDS, UNSEEN_LOGIT
 from service.engine.config import (
     INT8_BLOCK_NAMES,
     INT8_BLOCK_SIZE,
@@ -227,6 +230,17 @@ def linear_op(
     return str(g.op("MatMulNBits", ins, domain=MS, K=k, N=n, bits=bits, block_size=block, accuracy_level=4))
 
 
+def scatter_head(g: GraphWriter, logits: str, ids: np.ndarray, vocab_size: int) -> str:
+    """Logits [b, 1, n] of a compact head (row i is id ids[i]) as [b, 1, vocab_size], UNSEEN_LOGIT for every
+    other id: scattered into a row of UNSEEN_LOGIT (ScatterElements; a Gather of the whole vocabulary through an
+    id -> slot table is many times slower on the CPU)."""
+    shape = g.op("Shape", [logits])
+    base = g.weight("lm_head.unseen_logits", np.full((1, 1, vocab_size), UNSEEN_LOGIT, dtype=np.float32))
+    rows = g.op("Concat", [g.op("Slice", [shape, g.const([0]), g.const([2])]), g.const([vocab_size])], axis=0)
+    where = g.weight("lm_head.ids", np.asarray(ids, dtype=np.int64).reshape(1, 1, -1))
+    return str(g.op("ScatterElements", [g.op("Expand", [base, rows]), g.op("Expand", [where, shape]), logits], axis=2))
+
+
 def skip_norm_op(g: GraphWriter, x: str, residual: str, name: str, weight: np.ndarray, eps: float) -> tuple[str, str]:
     """(RMS-normalized x + residual, x + residual) in one SkipSimplifiedLayerNormalization."""
     ins = [x, residual, g.weight(name, weight)]
@@ -272,7 +286,10 @@ def build_contrib_graph(
     def skip_norm(x: str, residual: str, name: str) -> tuple[str, str]:
         return skip_norm_op(g, x, residual, name, w[name], c.rms_norm_eps)
 
-    x = g.op("Gather", [g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"]), "input_ids"])
+    rows: str = "input_ids"
+    if EMBED_INDEX in w:  # a compact table: its row for each id first
+        rows = g.op("Gather", [g.weight(EMBED_INDEX, w[EMBED_INDEX].astype(np.int32)), "input_ids"])
+    x = g.op("Gather", [g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"]), rows])
     cos_t, sin_t = rope_tables(c)
     cos, sin = g.weight("rope.cos", cos_t), g.weight("rope.sin", sin_t)
     # GQA wants the last valid index per row and the total length, as int32.
@@ -332,8 +349,10 @@ def build_contrib_graph(
         zero_points = g.last_position(zero_points)
     head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
     logits = linear(hdn, "lm_head", head, 8)
-    if "lm_head.bias" in w:  # e.g. a model trained on part of the vocabulary: -1e4 for ids it never wrote
+    if "lm_head.bias" in w:
         logits = g.op("Add", [logits, g.weight("lm_head.bias", w["lm_head.bias"])])
+    if HEAD_IDS in w:
+        logits = scatter_head(g, logits, w[HEAD_IDS], c.vocab_size)
     g.op_named("Identity", [logits], ["logits"])
 
     kv: list[int | str] = ["batch", kvh, "max_context", d]

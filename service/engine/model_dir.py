@@ -23,23 +23,29 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
-from service.engine.compact import ArtifactError, expand, load_compact
+from service.engine.compact import EMBED_INDEX, HEAD_IDS, ArtifactError, graph_weights, load_compact
 from service.engine.config import DecoderConfig, default_int8_block, int8_block_name
 
 HARMONY_VOCAB_SIZE = 201_088  # the Harmony (o200k_harmony) vocabulary
 BUILTIN_NAME = "builtin-harmony-tiny"
 # Bump when the builder, weights or quantization change: the cache directory name carries it.
-BUILTIN_VERSION = 3
+BUILTIN_VERSION = 4
 BUILTIN_ARTIFACT_DIR = Path(__file__).resolve().parents[1] / "builtin_model"
 BUILTIN_MANIFEST = BUILTIN_ARTIFACT_DIR / f"{BUILTIN_NAME}.json"
 
 log = logging.getLogger(__name__)
 
 RANDOM_NAME = "random-harmony-tiny"
-RANDOM_VERSION = 2
+RANDOM_VERSION = 3
 RANDOM_SEED = 20250801
+# The ids the random model writes: the first RANDOM_WRITABLE (o200k's most frequent merges, no special
+# token), so that a step computes 8,192 logits, not 201,088; its embedding has as many rows, id i reading
+# row i % RANDOM_WRITABLE. Special tokens come only where a constraint or the Harmony header allows nothing
+# else (they all tie at UNSEEN_LOGIT there), so the model never ends a run by itself.
+RANDOM_WRITABLE = 8192
 RANDOM_CONFIG = DecoderConfig(
     vocab_size=HARMONY_VOCAB_SIZE,
     hidden_size=128,
@@ -82,7 +88,7 @@ def random_dir_name() -> str:
 
 
 def materialise_builtin(manifest_path: Path, out_dir: Path) -> Path:
-    """Check the artifact beside `manifest_path` against its hash, expand it to the full vocabulary,
+    """Check the artifact beside `manifest_path` against its hash, turn it into graph weights (compact tables),
     write the contrib-op int8 graph + config.json to `out_dir`."""
     manifest = read_manifest(manifest_path)
     compact = load_compact(manifest_path.parent / manifest["artifact"], manifest["sha256"])
@@ -96,7 +102,7 @@ def materialise_builtin(manifest_path: Path, out_dir: Path) -> Path:
     }
     from service.engine.builder import write_contrib_model  # imports onnx: only when a model is built
 
-    return write_contrib_model(out_dir, config, expand(compact, config), quantize=True, extra=extra)
+    return write_contrib_model(out_dir, config, graph_weights(compact, config), quantize=True, extra=extra)
 
 
 def _cached(target: Path, name: str, build: Callable[[Path], Path], progress: bool) -> Path:
@@ -141,9 +147,13 @@ def ensure_random_model(cache_dir: Path | None = None, progress: bool = True) ->
     }
 
     def build(out: Path) -> Path:
-        from service.engine.builder import build_random_decoder  # imports onnx: only when a model is built
+        from service.engine.builder import write_contrib_model  # imports onnx: only when a model is built
+        from service.engine.weights import random_weights
 
-        return build_random_decoder(out, RANDOM_CONFIG, RANDOM_SEED, quantize=True, extra=extra)
+        weights = random_weights(replace(RANDOM_CONFIG, vocab_size=RANDOM_WRITABLE), RANDOM_SEED)
+        weights[EMBED_INDEX] = np.arange(RANDOM_CONFIG.vocab_size) % RANDOM_WRITABLE
+        weights[HEAD_IDS] = np.arange(RANDOM_WRITABLE)
+        return write_contrib_model(out, RANDOM_CONFIG, weights, quantize=True, extra={"seed": RANDOM_SEED, **extra})
 
     return _cached(target, RANDOM_NAME, build, progress)
 
