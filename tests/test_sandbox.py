@@ -278,20 +278,28 @@ def test_memory_limit_is_per_execution(sandbox: Sandbox) -> None:
     if not sandbox.cgroups.memory:
         pytest.skip("no usable memory cgroup here (the sandbox falls back to RLIMIT_AS per process)")
     code = (
-        "import os, time\n"
+        "import os, select, time\n"
         "r, w = os.pipe()\n"
         "kids = []\n"
         "for _ in range(8):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
         "        block = b'\\1' * (48 << 20)\n"
-        "        os.write(w, b'k')\n"
+        "        os.write(w, b'%08d' % os.getpid())\n"
         "        time.sleep(30)\n"
         "        os._exit(0)\n"
         "    kids.append(pid)\n"
         "os.close(w)\n"
-        "time.sleep(1.5)\n"
-        "alive = sum(1 for pid in kids if os.waitpid(pid, os.WNOHANG) == (0, 0))\n"
+        "ready, gone, pending, deadline = set(), set(), b'', time.time() + 20\n"
+        "while len(ready | gone) < 8 and time.time() < deadline:\n"  # each child has its block or is gone
+        "    if select.select([r], [], [], 0.05)[0]:\n"
+        "        pending += os.read(r, 64)\n"
+        "        while len(pending) >= 8:\n"
+        "            ready.add(int(pending[:8]))\n"
+        "            pending = pending[8:]\n"
+        "    gone |= {pid for pid in kids if pid not in gone and os.waitpid(pid, os.WNOHANG) != (0, 0)}\n"
+        "time.sleep(0.5)\n"
+        "alive = sum(1 for pid in kids if pid not in gone and os.waitpid(pid, os.WNOHANG) == (0, 0))\n"
         "print('held', alive * 48, flush=True)\n"
     )
     result = run(sandbox, code)
