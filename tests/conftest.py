@@ -42,13 +42,27 @@ SLOW_MODULES = frozenset({"test_durability", "test_chaos", "test_server_tools", 
 
 # The files that take longest (summed test wall time, 2-core EPYC), started first: pytest-xdist
 # (`--dist loadfile`) hands files to workers in collection order, so the long ones would otherwise be
-# left for the end with one worker busy and the other idle. Files not listed follow in their own order.
+# left for the end with one worker busy and the others idle. Files not listed follow in their own order.
 LONGEST_FIRST = (
-    "test_durability", "test_webhooks", "test_chaos", "test_server_tools", "test_openapi", "test_store_faults",
-    "test_conversations", "test_constrained_api", "test_model_dirs", "test_chat_template_server_tools", "test_runs",
-    "test_client_tools", "test_compaction", "test_http_load_bench", "test_engine_sampling", "test_cli",
-    "test_observability", "test_containers", "test_store_hygiene", "test_store_contract_postgres", "test_api",
+    "test_durability", "test_webhooks", "test_openapi", "test_constrained_api", "test_model_dirs",
+    "test_store_faults", "test_server_tools", "test_runs", "test_chat_template_server_tools", "test_chaos",
+    "test_conversations", "test_store_contract_postgres", "test_compaction", "test_cli", "test_training",
+    "test_store_hygiene", "test_sandbox", "test_api", "test_client_tools", "test_containers", "test_tools_mcp",
+    "test_retention",
 )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist (3.6+) reorders `--dist loadfile`'s files by their number of tests, largest first, unless told not
+    # to: LONGEST_FIRST's order is the one wanted (many quick tests are not a long file).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers a core. A third of the suite's time is waiting (leases lapsing after a kill -9,
+    webhook back-off, outages, PostgreSQL), which a second worker on the core fills."""
+    return 2 * (os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
