@@ -102,7 +102,7 @@ def test_a_costly_accepted_grammar_does_not_slow_the_others(database_url: str, a
 
     def short() -> float:
         started = time.perf_counter()
-        response = client.responses.create(input="hi", max_output_tokens=4, extra_body={"seed": 1})
+        response = client.responses.create(input="hi", max_output_tokens=32, extra_body={"seed": 1})
         assert response.status == "incomplete"
         return time.perf_counter() - started
 
@@ -131,4 +131,8 @@ def test_a_costly_accepted_grammar_does_not_slow_the_others(database_url: str, a
     finally:
         worker.join(timeout=120)
     assert overlapped and statuses in (["completed"], ["incomplete"]), statuses
-    assert beside < 2 * alone + 0.05, f"4 tokens: {alone:.3f} s alone, {beside:.3f} s beside the costly grammar"
+    # Loose, for a loaded machine (other test workers share its cores): waiting for the costly masks would add
+    # milliseconds to each of the 32 steps. tests/test_mask_deadline.py holds the exact property (a slow mask
+    # sits its sequence out of a step; the others never wait for it) without a clock.
+    print(f"32 tokens: {alone:.3f} s alone, {beside:.3f} s beside the costly grammar")
+    assert beside < 3 * alone + 0.25, f"32 tokens: {alone:.3f} s alone, {beside:.3f} s beside the costly grammar"
