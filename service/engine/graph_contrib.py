@@ -237,7 +237,7 @@ def scatter_head(g: GraphWriter, logits: str, ids: np.ndarray, vocab_size: int) 
     shape = g.op("Shape", [logits])
     base = g.weight("lm_head.unseen_logits", np.full((1, 1, vocab_size), UNSEEN_LOGIT, dtype=np.float32))
     rows = g.op("Concat", [g.op("Slice", [shape, g.const([0]), g.const([2])]), g.const([vocab_size])], axis=0)
-    where = g.weight("lm_head.ids", np.asarray(ids, dtype=np.int64).reshape(1, 1, -1))
+    where = g.weight(HEAD_IDS, np.asarray(ids, dtype=np.int64).reshape(1, 1, -1))
     return str(g.op("ScatterElements", [g.op("Expand", [base, rows]), g.op("Expand", [where, shape]), logits], axis=2))
 
 
@@ -349,8 +349,6 @@ def build_contrib_graph(
         zero_points = g.last_position(zero_points)
     head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
     logits = linear(hdn, "lm_head", head, 8)
-    if "lm_head.bias" in w:
-        logits = g.op("Add", [logits, g.weight("lm_head.bias", w["lm_head.bias"])])
     if HEAD_IDS in w:
         logits = scatter_head(g, logits, w[HEAD_IDS], c.vocab_size)
     g.op_named("Identity", [logits], ["logits"])
