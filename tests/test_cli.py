@@ -65,7 +65,7 @@ def test_serve_waits_for_an_unreachable_database_then_gives_up() -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: cannot open the database"), lines[-1]
     assert len(lines) >= 3 and all("trying again" in line for line in lines[:-1]), lines
-    assert time.monotonic() - started >= 1.0
+    assert time.monotonic() - started >= 1.5  # the whole patience is used, the last wait cut to it
 
 
 def test_a_sqlite_file_that_cannot_open_leaves_no_worker_behind(tmp_path: Path) -> None:

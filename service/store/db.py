@@ -303,9 +303,12 @@ def migrate_when_reachable(
         try:
             return migrate_sync(url)
         except DatabaseUnavailable as error:
-            delay = backoff_seconds(attempt, first=0.2, cap=2.0)
-            if not error.transient or time.monotonic() + delay > deadline:
+            # The last wait is cut to the deadline and one more try made there, so the whole patience is
+            # used (giving up when the next full back-off would overshoot ended a 1.5 s wait at 0.85 s).
+            remaining = deadline - time.monotonic()
+            if not error.transient or remaining <= 0:
                 raise
+            delay = min(backoff_seconds(attempt, first=0.2, cap=2.0), remaining)
             on_wait(error, delay)
             time.sleep(delay)
             attempt += 1
