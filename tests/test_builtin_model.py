@@ -23,9 +23,10 @@ from service.engine.compact import (
     CompactModel,
     graph_weights,
     load_compact,
+    read_head_ids,
     sha256_file,
 )
-from service.engine.config import DecoderConfig
+from service.engine.config import DecoderConfig, read_config
 from service.engine.model_dir import (
     BUILTIN_ARTIFACT_DIR,
     BUILTIN_MANIFEST,
@@ -34,6 +35,7 @@ from service.engine.model_dir import (
     describe_builtin,
     read_manifest,
 )
+from service.engine.model_files import ModelDirError
 from tests.api_helpers import client_for
 from tests.conftest import ServerProcess, app_on_backend
 
@@ -192,6 +194,32 @@ def test_a_compact_head_gives_every_other_id_no_mass(tmp_path: Path) -> None:
     # an unseen id reads row 0, as any other unseen id does: swapping 3 for 4 changes nothing
     feeds["input_ids"] = np.array([[9, 250, 4], [17, 2, 298]])
     np.testing.assert_array_equal(session.run(["logits"], feeds)[0], logits)
+    # the config names the head's ids for the sampler; a full head names none
+    assert read_head_ids(model, read_config(model).extra, 300).tolist() == [9, 250]
+    assert read_head_ids(wide, read_config(wide).extra, 300) is None
+
+
+def test_the_served_models_name_their_graphs_head_ids(builtin_model_dir: Path, random_model_dir: Path) -> None:
+    """The sampler draws over the ids the config names (head_ids.npy): exactly the graph's compact head."""
+    import onnx
+    from onnx import numpy_helper
+
+    for model_dir in (builtin_model_dir, random_model_dir):
+        graph = onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph
+        (ids,) = [numpy_helper.to_array(t) for t in graph.initializer if t.name == HEAD_IDS]
+        named = read_head_ids(model_dir, read_config(model_dir).extra, HARMONY_VOCAB_SIZE)
+        assert named is not None
+        np.testing.assert_array_equal(named, ids.reshape(-1))
+
+
+def test_a_broken_head_ids_file_is_a_one_line_model_error(tmp_path: Path) -> None:
+    for content in (b"not numpy", None):
+        if content is not None:
+            (tmp_path / "head_ids.npy").write_bytes(content)
+        else:
+            np.save(tmp_path / "head_ids.npy", np.array([5, 3]))
+        with pytest.raises(ModelDirError, match="head_ids.npy"):
+            read_head_ids(tmp_path, {"head_ids": "head_ids.npy"}, 10)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -196,3 +196,40 @@ def test_skipping_the_logprob_never_changes_the_token() -> None:
                 assert lean.logprob is None and full.logprob is not None
     with_top = sample(logits, _p(temperature=0.0, logprobs=False, top_logprobs=2), 0)
     assert with_top.logprob is not None and len(with_top.top_logprobs) == 2
+
+
+def test_a_compact_head_draws_over_its_ids_what_the_whole_vocabulary_draws() -> None:
+    """A compact head (every id outside `support` at UNSEEN_LOGIT): drawing over the support alone gives the
+    whole vocabulary's token and logprobs, under every mask kind and with penalties; a mask that allows only
+    ids outside the support, or top_logprobs past its size, take the whole vocabulary (the same draw too)."""
+    from service.engine.compact import UNSEEN_LOGIT
+
+    vocab = 201_088
+    rng = np.random.default_rng(21)
+    support = np.sort(rng.choice(vocab, 2048, replace=False))
+    outside = np.setdiff1d(np.arange(vocab), support)
+    keep = np.ones(vocab, dtype=bool)
+    keep[rng.choice(vocab, 300, replace=False)] = False
+    keep[support[:5]] = False
+    words = np.packbits(np.append(keep, np.zeros(-vocab % 32, dtype=bool)), bitorder="little").view("<u4")
+    masks = [None, np.flatnonzero(keep), TokenBitmask(words), support[::40], outside[:5000], outside[:3]]
+    for scale in (0.5, 4.0):
+        logits = np.full(vocab, UNSEEN_LOGIT, dtype=np.float32)
+        logits[support] = rng.standard_normal(support.size).astype(np.float32) * scale
+        for allowed in masks:
+            for params in _mixes()[::3]:
+                for index in range(2):
+                    seeded = dataclasses.replace(params, seed=index + 3)
+                    counts = {int(support[0]): 2, int(outside[0]): 1}
+                    got = sample(logits, seeded, index, allowed, counts, support=support)
+                    want = sample(logits, seeded, index, allowed, counts)
+                    assert got.token_id == want.token_id, (scale, seeded, index)
+                    assert (got.logprob is None) == (want.logprob is None)
+                    if got.logprob is not None and want.logprob is not None:
+                        assert abs(got.logprob - want.logprob) < 1e-5
+                    assert [i for i, _ in got.top_logprobs] == [i for i, _ in want.top_logprobs]
+    tiny = support[:2]
+    logits = np.full(vocab, UNSEEN_LOGIT, dtype=np.float32)
+    logits[tiny] = (1.0, 2.0)
+    wide = sample(logits, _p(temperature=0.0, top_logprobs=5), 0, support=tiny)
+    assert wide == sample(logits, _p(temperature=0.0, top_logprobs=5), 0) and len(wide.top_logprobs) == 5

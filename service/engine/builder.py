@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from service.engine.compact import HEAD_IDS, write_head_ids
 from service.engine.config import INT8_BLOCK_SIZE, DecoderConfig, ModelMeta, write_config
 from service.engine.graph_contrib import build_contrib_graph
 from service.engine.graph_standard import build_standard_graph
@@ -76,6 +77,7 @@ def write_contrib_model(
         "kv_cache": "shared_buffer",
         "logits": "last_position",
         "quantization": contrib_int8_scheme(block) if quantize else None,
+        **(write_head_ids(out_dir, weights[HEAD_IDS]) if HEAD_IDS in weights else {}),
         **(extra or {}),
     }
     write_config(out_dir, ModelMeta(config, meta))

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from service.engine.config import DecoderConfig
+from service.engine.model_files import ModelDirError
 
 UNSEEN_LOGIT = -1e4  # exp(-1e4) is 0 in float32: ids the model never wrote cannot be sampled
 _TABLES = ("model.embed_tokens.weight", "lm_head.weight")
@@ -93,3 +94,29 @@ def graph_weights(model: CompactModel, config: DecoderConfig) -> dict[str, np.nd
     w["lm_head.weight"] = model.weights["lm_head.weight"][index[targets]]
     w[HEAD_IDS] = targets
     return w
+
+
+# A model directory whose graph has a compact head names this file in its config ("head_ids"): its ids, for the
+# sampler, which then draws over them alone (sampling.sample's `support`) without reading the graph.
+HEAD_IDS_FILE = "head_ids.npy"
+
+
+def write_head_ids(model_dir: Path, ids: np.ndarray) -> dict[str, str]:
+    """Save the compact head's ids beside the graph; returns the config entry that names the file."""
+    np.save(model_dir / HEAD_IDS_FILE, np.ascontiguousarray(ids, dtype=np.int64), allow_pickle=False)
+    return {"head_ids": HEAD_IDS_FILE}
+
+
+def read_head_ids(model_dir: Path, extra: dict[str, object], vocab_size: int) -> np.ndarray | None:
+    """The compact head's ids (ascending, unique, inside the vocabulary) a config names, or None for a full head."""
+    name = extra.get("head_ids")
+    if name is None:
+        return None
+    path = Path(model_dir) / str(name)
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ModelDirError(f"{model_dir}/config.json names head ids in {name}, which cannot be read: {exc}") from exc
+    if ids.ndim != 1 or ids.size == 0 or ids[0] < 0 or ids[-1] >= vocab_size or np.any(np.diff(ids) <= 0):
+        raise ModelDirError(f"{path} does not hold ascending ids inside the {vocab_size}-id vocabulary")
+    return np.asarray(ids, dtype=np.int64)

@@ -32,14 +32,14 @@ from service.engine.config import DecoderConfig, default_int8_block, int8_block_
 HARMONY_VOCAB_SIZE = 201_088  # the Harmony (o200k_harmony) vocabulary
 BUILTIN_NAME = "builtin-harmony-tiny"
 # Bump when the builder, weights or quantization change: the cache directory name carries it.
-BUILTIN_VERSION = 4
+BUILTIN_VERSION = 5
 BUILTIN_ARTIFACT_DIR = Path(__file__).resolve().parents[1] / "builtin_model"
 BUILTIN_MANIFEST = BUILTIN_ARTIFACT_DIR / f"{BUILTIN_NAME}.json"
 
 log = logging.getLogger(__name__)
 
 RANDOM_NAME = "random-harmony-tiny"
-RANDOM_VERSION = 3
+RANDOM_VERSION = 4
 RANDOM_SEED = 20250801
 # The ids the random model writes: the first RANDOM_WRITABLE (o200k's most frequent merges, no special
 # token), so that a step computes 8,192 logits, not 201,088; its embedding has as many rows, id i reading

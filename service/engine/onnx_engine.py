@@ -40,6 +40,7 @@ from service.engine.base import (
     SamplingParams,
     TokenOutput,
 )
+from service.engine.compact import read_head_ids
 from service.engine.config import read_config
 from service.engine.core import EngineSequence
 from service.engine.cpu import cpu_features
@@ -80,6 +81,8 @@ class OnnxEngine(PrefixWarming):
         self.model_id: str = meta.model_id or self.model_dir.name
         self.max_context: int = int(meta.extra.get("max_context", self.config.max_position))
         check_int8_kernels(meta.extra.get("quantization") or {})
+        # A compact head's ids: every other id's logit is UNSEEN_LOGIT, so the sampler draws over these alone.
+        self.head_ids = read_head_ids(self.model_dir, meta.extra, self.config.vocab_size)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads or default_threads()
         opts.inter_op_num_threads = 1
@@ -221,7 +224,7 @@ class OnnxEngine(PrefixWarming):
 
     def _sample(self, seq: EngineSequence) -> TokenOutput:
         allowed = seq.constraint.allowed_token_ids() if seq.constraint is not None else None
-        out = sample(seq.logits, seq.params, seq.generated, allowed, seq.counts)
+        out = sample(seq.logits, seq.params, seq.generated, allowed, seq.counts, support=self.head_ids)
         if seq.constraint is not None:
             seq.constraint.accept(out.token_id)
         if seq.params.frequency_penalty or seq.params.presence_penalty:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.engine.base import AllowedTokens, SamplingParams, TokenBitmask, TokenOutput
+from service.engine.compact import UNSEEN_LOGIT
 
 # For top-p, first look for the nucleus among the tokens with at least these fractions of the best
 # token's probability; fall back to sorting everything.
@@ -212,12 +213,111 @@ def sample(
     token_index: int,
     allowed: AllowedTokens | None = None,
     counts: dict[int, int] | None = None,
+    support: np.ndarray | None = None,
 ) -> TokenOutput:
     """Pick one token from `logits` (vocab,). `allowed` (token ids or a packed bitmask) masks everything
     else out; `counts` (token id -> times generated so far) feeds the frequency/presence penalties.
+    `support` (ascending ids) declares that every other id's logit is UNSEEN_LOGIT (a compact head): the draw
+    then runs over those ids alone where that is the same distribution (see _narrowed).
 
     Greedy when temperature == 0. finish_reason is left for the engine to set."""
-    raw = np.asarray(logits, dtype=np.float32)
+    if support is not None:
+        narrowed = _narrowed(logits, params, allowed, counts, support)
+        if narrowed is not None:
+            out = _sample(*narrowed, params, token_index)
+            return TokenOutput(
+                token_id=int(support[out.token_id]),
+                logprob=out.logprob,
+                top_logprobs=tuple((int(support[i]), lp) for i, lp in out.top_logprobs),
+            )
+    return _sample(np.asarray(logits, dtype=np.float32), allowed, counts, params, token_index)
+
+
+# exp(x) is exactly 0 in float32 below about -103.97 (denormals included): a margin past it.
+_NO_MASS_MARGIN = 110.0
+_narrowed_ids: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+
+
+def _narrowed(
+    logits: np.ndarray,
+    params: SamplingParams,
+    allowed: AllowedTokens | None,
+    counts: dict[int, int] | None,
+    support: np.ndarray,
+) -> tuple[np.ndarray, AllowedTokens | None, dict[int, int] | None] | None:
+    """(logits, allowed, counts) over `support`'s positions, or None where the draw must see the whole vocabulary.
+
+    Over the whole vocabulary an id outside `support` (logit UNSEEN_LOGIT) weighs exp((UNSEEN_LOGIT - m) / T),
+    m the best allowed logit: exactly 0 when m is far enough above UNSEEN_LOGIT, and then drawing over the
+    support's ids in id order is the same draw (the same weights, in the same order, the zeros left out) and
+    the same logprobs (the zeros add nothing to the normalizer). Not so when the mask allows no supported id
+    (a grammar forcing a token the model never writes), or asks more top_logprobs than the support holds: the
+    whole vocabulary then. A mask of few ids is drawn over those ids already (_compact_ids): left as it is."""
+    if support.shape[0] < max(params.top_logprobs, 1):
+        return None
+    vocab = logits.shape[0]
+    if allowed is not None and _compact_ids(allowed, vocab) is not None:
+        return None
+    narrow_logits = np.asarray(logits, dtype=np.float32)[support]
+    narrow_allowed: AllowedTokens | None = None
+    keep: np.ndarray | None = None
+    if isinstance(allowed, TokenBitmask):
+        words = np.ascontiguousarray(allowed.words, dtype="<u4")
+        word = support >> 5
+        inside = word < words.shape[0]
+        keep = np.zeros(support.shape[0], dtype=np.bool_)
+        keep[inside] = (words[word[inside]] >> (support[inside] & 31).astype(np.uint32)) & 1 == 1
+        narrow_allowed = TokenBitmask(_pack_bits(keep))
+    elif allowed is not None:
+        ids = np.asarray(allowed)
+        key = (id(ids), id(support))
+        cached = _narrowed_ids.get(key)
+        if cached is None or cached[0] is not ids or cached[1] is not support:
+            if len(_narrowed_ids) >= 32:
+                _narrowed_ids.clear()
+            flags = np.zeros(vocab, dtype=np.bool_)
+            flags[ids] = True
+            positions = np.flatnonzero(flags[support])
+            cached = (ids, support, positions if positions.size else None)
+            _narrowed_ids[key] = cached  # holding both arrays keeps their ids from being reused
+        if cached[2] is None:
+            return None
+        narrow_allowed = cached[2]
+    narrow_counts = None
+    if counts:
+        generated = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+        at = np.minimum(np.searchsorted(support, generated), support.shape[0] - 1)
+        narrow_counts = {int(a): counts[int(i)] for a, i in zip(at, generated, strict=True) if support[a] == i}
+    penalized = apply_penalties(narrow_logits, params, narrow_counts)
+    if keep is not None:
+        if not keep.any():
+            return None
+        best = float(penalized[keep].max())
+    elif isinstance(narrow_allowed, np.ndarray):
+        best = float(penalized[narrow_allowed].max())
+    else:
+        best = float(penalized.max())
+    headroom = best - UNSEEN_LOGIT  # of the best allowed logit over every unsupported id's
+    if headroom <= 0.0 or (params.temperature > 0.0 and headroom / params.temperature < _NO_MASS_MARGIN):
+        return None
+    return narrow_logits, narrow_allowed, narrow_counts
+
+
+def _pack_bits(keep: np.ndarray) -> np.ndarray:
+    """llguidance's layout for a bool per token: little-endian uint32 words, bit i of word j = token 32*j+i."""
+    padded = np.zeros(-(-keep.shape[0] // 32) * 32, dtype=np.bool_)
+    padded[: keep.shape[0]] = keep
+    return np.packbits(padded, bitorder="little").view("<u4")
+
+
+def _sample(
+    logits: np.ndarray,
+    allowed: AllowedTokens | None,
+    counts: dict[int, int] | None,
+    params: SamplingParams,
+    token_index: int,
+) -> TokenOutput:
+    raw = logits
     masked = apply_penalties(raw, params, counts)
     penalized = masked is not raw
     subset = _compact_ids(allowed, raw.shape[0]) if allowed is not None else None
