@@ -19,14 +19,25 @@ from service.store.read_models import owned
 from service.store.schema import conversation_entries, conversation_items, conversations, responses
 
 
-async def resolve_references(db: AsyncEngine, items: list[dict[str, Any]], *, project: str) -> list[dict[str, Any]]:
+async def resolve_references(
+    db: AsyncEngine, items: list[dict[str, Any]], *, project: str, param: str = "input"
+) -> list[dict[str, Any]]:
     """`items` with each item_reference replaced by the stored item it names; an unknown id (or one of another
-    project, or of a store=false response) is a 404 naming its input index."""
+    project, or of a store=false response) is a 404 naming its index in `param`."""
+    if not any(item.get("type") == "item_reference" for item in items):
+        return items
+    async with db.connect() as connection:
+        return await resolve_references_in(connection, items, project=project, param=param)
+
+
+async def resolve_references_in(
+    connection: AsyncConnection, items: list[dict[str, Any]], *, project: str, param: str
+) -> list[dict[str, Any]]:
+    """resolve_references on an open connection (inside the transaction that stores the items)."""
     wanted = {item["id"] for item in items if item.get("type") == "item_reference"}
     if not wanted:
         return items
-    async with db.connect() as connection:
-        found = await _stored_items(connection, wanted, project=project)
+    found = await _stored_items(connection, wanted, project=project)
     resolved: list[dict[str, Any]] = []
     for index, item in enumerate(items):
         if item.get("type") != "item_reference":
@@ -34,7 +45,7 @@ async def resolve_references(db: AsyncEngine, items: list[dict[str, Any]], *, pr
             continue
         stored = found.get(item["id"])
         if stored is None:
-            raise NotFound(f"Item with id '{item['id']}' not found.", param=f"input[{index}]")
+            raise NotFound(f"Item with id '{item['id']}' not found.", param=f"{param}[{index}]")
         resolved.append(stored)
     return resolved
 

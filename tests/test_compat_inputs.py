@@ -318,6 +318,28 @@ def test_item_reference_resolves_a_conversation_item(client: openai.OpenAI) -> N
     assert _count(client, input=[{"type": "item_reference", "id": item.id}]) == spelled_out
 
 
+def test_a_conversation_given_an_item_reference_stores_the_item_it_names(
+    client: openai.OpenAI, http: httpx.Client
+) -> None:
+    """Creating a conversation or adding items: a reference is stored (and listed) as the item it names, a
+    response's input or a conversation's item; an unknown one is a 404 naming its index, and adds nothing."""
+    first, _ = _create(client, input="Remember the number 7.")
+    (message,) = _input_items(client, first["id"])
+    conversation = client.conversations.create(items=[{"type": "item_reference", "id": message["id"]}])
+    (kept,) = [
+        item.model_dump(mode="json", exclude_unset=True) for item in client.conversations.items.list(conversation.id)
+    ]
+    assert kept == message
+    added = client.conversations.items.create(
+        conversation.id, items=[{"role": "user", "content": "Then?"}, {"type": "item_reference", "id": kept["id"]}]
+    )
+    assert [item.model_dump(mode="json", exclude_unset=True) for item in added.data][1] == message
+    unknown = {"items": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_nope"}]}
+    assert _error(http.post(f"/v1/conversations/{conversation.id}/items", json=unknown), 404)["param"] == "items[1]"
+    assert _error(http.post("/v1/conversations", json=unknown), 404)["param"] == "items[1]"
+    assert len(client.conversations.items.list(conversation.id).data) == 3
+
+
 def test_an_unknown_item_reference_is_a_404_naming_the_input_index(http: httpx.Client) -> None:
     body = {"input": [{"role": "user", "content": "hi"}, {"type": "item_reference", "id": "msg_nope"}]}
     assert _error(http.post("/v1/responses", json=body), 404)["param"] == "input[1]"

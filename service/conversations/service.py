@@ -14,6 +14,7 @@ from service.conversations.protocol import (
     new_conversation_id,
 )
 from service.errors import InvalidRequest, NotFound
+from service.item_references import resolve_references_in
 from service.protocol.normalize import normalize_items
 from service.store import conversations as conversation_store
 from service.store import event_log
@@ -32,6 +33,9 @@ class Conversations:
         items = normalize_items(list(request.items or []), conversation_id, key="item", first_index=0)
         async with self.db.begin() as connection:
             await event_log.lock_for_append(connection)
+            # An item_reference stands for the stored item it names (kept as a reference, it would be listed
+            # as an item no schema describes); an unknown id is a 404 naming its index in `items`.
+            items = await resolve_references_in(connection, items, project=project, param="items")
             return await conversation_store.create(
                 connection, conversation_id, request.metadata or {}, items, project=project
             )
@@ -67,6 +71,7 @@ class Conversations:
             await self._require(connection, conversation_id, project=project)
             first = await conversation_store.next_ordinal(connection, conversation_id)
             items = normalize_items(list(request.items), conversation_id, key="item", first_index=first)
+            items = await resolve_references_in(connection, items, project=project, param="items")
             entries = await conversation_store.add_items(connection, conversation_id, items, first_ordinal=first)
         data = [entry["item"] for entry in entries]
         return {
