@@ -35,6 +35,14 @@ from tests.process_fork import ForkedProcess, Forker
 if TYPE_CHECKING:
     from service.config import Settings
 
+# Bytecode caches, even where PYTHONDONTWRITEBYTECODE is set (as on the machines CI runs on): without them each of
+# the workers, and every interpreter the suite starts (the forkers, `python -m service` subprocesses, schemathesis'
+# hooks, the MCP test server), compiles the service package and the test helpers anew, and pytest rewrites every
+# test module's asserts again in each worker (collection: 27 CPU-s a worker without the caches, 11 with them).
+# The caches go to the gitignored __pycache__/ folders; the test modules are imported after this.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 # Suites that start server processes and kill, restart or replicate them: the README's test command (and CI) runs
 # them with the rest; `-m "not slow"` leaves them out for a quicker run while working.
 SLOW_MODULES = frozenset({"test_durability", "test_chaos", "test_server_tools", "test_chat_template_server_tools"})
@@ -57,6 +65,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # to: LONGEST_FIRST's order is the one wanted (many quick tests are not a long file).
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # The controller compiles the package and the helpers once, before its workers all import them at once.
+        import compileall
+
+        for package in ("service", "tests"):
+            compileall.compile_dir(ROOT / package, quiet=1, workers=os.cpu_count() or 1)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
