@@ -195,7 +195,8 @@ def test_a_compact_head_gives_every_other_id_no_mass(tmp_path: Path) -> None:
     feeds["input_ids"] = np.array([[9, 250, 4], [17, 2, 298]])
     np.testing.assert_array_equal(session.run(["logits"], feeds)[0], logits)
     # the config names the head's ids for the sampler; a full head names none
-    assert read_head_ids(model, read_config(model).extra, 300).tolist() == [9, 250]
+    named = read_head_ids(model, read_config(model).extra, 300)
+    assert named is not None and named.tolist() == [9, 250]
     assert read_head_ids(wide, read_config(wide).extra, 300) is None
 
 
