@@ -225,7 +225,9 @@ def test_health_answers_while_a_4_mb_run_is_tokenized(database_url: str, server_
     poster.join()
     response = outcome["response"]
     assert len(waits) >= 5, "the request was over before it could be observed"
-    assert max(waits) < 1.0, sorted(waits)[-5:]
+    # Held for the whole call, the GIL stopped the server for hours; a loaded 2-core machine (four workers and
+    # their servers) has delayed one /health by 2.2 s while the rest took 40-230 ms.
+    assert max(waits) < 5.0, sorted(waits)[-5:]
     # It cannot fit the model's context: refused as any too-long prompt is.
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "context_length_exceeded"
