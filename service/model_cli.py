@@ -12,13 +12,16 @@ from service.engine.config import (
     INT8_AUTO,
     INT8_BLOCK_NAMES,
     INT8_BLOCK_SIZE,
+    INT8_PER_ROW,
     DecoderConfig,
     default_int8_block,
     int8_block_name,
     int8_block_or_default,
+    int8_layout_label,
     parse_int8_block,
     read_config,
 )
+from service.engine.cpu import cpu_features
 from service.engine.gptoss import GptOssSpec
 from service.engine.shapes import GPTOSS_SHAPES, SHAPES, alternating_layers, shape_config
 
@@ -32,10 +35,10 @@ def add_model_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     model = subparsers.add_parser("model", help="build, quantize and inspect models")
     block_help = (
         "int8 weights' block size along K (contrib layout), or row: one scale per weight row and per activation "
-        f"row (MatMulInteger; faster prefill and batched decode with VNNI). Default {INT8_AUTO}: row on a CPU with "
-        f"VNNI, {INT8_BLOCK_SIZE} without (this CPU: {int8_block_name(default_int8_block())}); a row model built "
-        "with VNNI loads only where VNNI is. Larger blocks decode faster and round more coarsely: see "
-        "docs/performance/2026-12-04-int8-block-size.md"
+        f"row (MatMulInteger: faster prefill and batched decode than blocks). Default {INT8_AUTO}: row, for the "
+        "u8s8 QGEMM on a CPU with VNNI (such a model loads only where VNNI is) and u8u8 without (loads anywhere; "
+        f"this CPU: {int8_layout_label(default_int8_block())}). Larger blocks decode faster and round more "
+        "coarsely: see docs/performance/2026-12-04-int8-block-size.md"
     )
     block_choices = "{" + ",".join((*INT8_BLOCK_NAMES, INT8_AUTO)) + "}"
     sub = model.add_subparsers(dest="model_command", required=True)
@@ -231,8 +234,12 @@ def _build_random(args: argparse.Namespace) -> int:
 
 
 def _int8_layout(block: int, *, chosen: bool) -> str:
-    """How a build's int8 layout is reported: its block, and whether it was picked for this CPU."""
-    return f"int8 block {int8_block_name(block)}" + (f" ({INT8_AUTO}: chosen for this CPU)" if chosen else "")
+    """How a build's int8 layout is reported: its block (per row: and its QGEMM), and whether it was picked for
+    this CPU."""
+    what = f"int8 block {int8_block_name(block)}"
+    if block == INT8_PER_ROW:
+        what += f", {cpu_features().row_int8_qgemm} QGEMM"
+    return what + (f" ({INT8_AUTO}: chosen for this CPU)" if chosen else "")
 
 
 def _build_scripted(args: argparse.Namespace) -> int:

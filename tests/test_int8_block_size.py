@@ -1,6 +1,7 @@
 """The int8 block size option (`--block-size` on `model build-random` and `model quantize`): written into
 every MatMulNBits node and config.json, the same model whichever way it is made, still batch-invariant,
-refused clearly where it has no meaning, and by default (`auto`) chosen for the CPU that builds the model."""
+refused clearly where it has no meaning, and by default (`auto`) per row, for the QGEMM of the CPU that builds the
+model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import onnx
 import pytest
 
 from service.engine.builder import build_random_decoder
-from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, default_int8_block, read_config
+from service.engine.config import INT8_BLOCK_SIZE, INT8_PER_ROW, default_int8_block, int8_layout_label, read_config
 from service.engine.cpu import cpu_features
 from service.engine.model_files import find_model_file
 from service.engine.quantize import quantize_model
@@ -51,29 +52,30 @@ def test_the_block_size_is_in_every_node_and_in_config_json(built: Path) -> None
     assert read_config(built).extra["quantization"]["block_size"] == BLOCK
 
 
-SCHEMES = {INT8_PER_ROW: "rows_int8", INT8_BLOCK_SIZE: "matmulnbits_int8"}
-
-
-def test_the_default_is_chosen_for_the_cpu(contrib_fp32_dir: Path, tmp_path: Path) -> None:
-    """Per row where the CPU has VNNI (its u8s8 QGEMM is exact and fastest there), blocks of 32 elsewhere."""
+def test_the_default_is_per_row_for_the_qgemm_of_the_cpu(contrib_fp32_dir: Path, tmp_path: Path) -> None:
+    """Per row on every CPU (faster prefill and batched decode than blocks, with VNNI and without), built for the
+    u8s8 QGEMM where the CPU has VNNI and for u8u8 elsewhere; the import cache names the u8u8 build apart."""
+    assert default_int8_block() == INT8_PER_ROW
     plain = dataclasses.replace(cpu_features(), avx512_vnni=False, avx_vnni=False, amx_int8=False)
     for vnni in (
         dataclasses.replace(plain, avx512_vnni=True),
         dataclasses.replace(plain, avx_vnni=True),
         dataclasses.replace(plain, amx_int8=True),
     ):
-        assert default_int8_block(vnni) == INT8_PER_ROW
-    assert default_int8_block(plain) == INT8_BLOCK_SIZE == 32
+        assert vnni.row_int8_qgemm == "u8s8" and int8_layout_label(INT8_PER_ROW, vnni) == "row"
+    assert plain.row_int8_qgemm == "u8u8" and int8_layout_label(INT8_PER_ROW, plain) == "row-u8u8"
+    assert int8_layout_label(INT8_BLOCK_SIZE, plain) == int8_layout_label(INT8_BLOCK_SIZE, vnni) == "32"
     out = quantize_model(contrib_fp32_dir, tmp_path / "q")
-    assert read_config(out).extra["quantization"]["scheme"] == SCHEMES[default_int8_block()]
+    scheme = read_config(out).extra["quantization"]
+    assert scheme["scheme"] == "rows_int8" and scheme["qgemm"] == cpu_features().row_int8_qgemm
 
 
 def test_build_random_says_which_layout_it_chose(tmp_path: Path) -> None:
-    chosen = "row" if default_int8_block() == INT8_PER_ROW else "32"
+    chosen = f"row, {cpu_features().row_int8_qgemm} QGEMM"
     for args, said in (([], f"int8 block {chosen} (auto: chosen for this CPU)"), (["--block-size", "64"], "block 64;")):
         result = run_cli("model", "build-random", str(tmp_path / f"m{len(args)}"), *args)
         assert result.returncode == 0 and said in result.stdout, result.stdout + result.stderr[-2000:]
-    assert read_config(tmp_path / "m0").extra["quantization"]["scheme"] == SCHEMES[default_int8_block()]
+    assert read_config(tmp_path / "m0").extra["quantization"]["scheme"] == "rows_int8"
     assert _blocks(tmp_path / "m2") == {64}
 
 

@@ -41,13 +41,21 @@ def int8_block_name(block: int) -> str:
 INT8_BLOCK_NAMES = tuple(map(int8_block_name, INT8_BLOCK_SIZES))  # the CLI's choices, in order
 
 
-def default_int8_block(features: CpuFeatures | None = None) -> int:
-    """The int8 layout written when none is named, chosen for the CPU that builds the model: per row where it has
-    VNNI (u8s8 QGEMM: 1.7x prefill, 1.2-1.9x batched decode, 1.1x batch 1 against blocks of 32, measured on AMD
-    EPYC and Intel Xeon with AMX), blocks of 32 elsewhere (per row there runs the u8u8 kernels: no faster at
-    batch 16, 12% slower at batch 1, and blocks of 32 load on any CPU). A per-row model built with VNNI is
-    refused, in one line saying what to rebuild, on a CPU without it (onnx_engine.check_int8_kernels)."""
-    return INT8_PER_ROW if (features or cpu_features()).has_vnni else INT8_BLOCK_SIZE
+def default_int8_block() -> int:
+    """The int8 layout written when none is named: per row on every CPU, for the QGEMM chosen for the CPU that
+    builds the model (CpuFeatures.row_int8_qgemm: u8s8 with VNNI, u8u8 without). Faster than blocks of 32 in
+    prefill and batched decode with VNNI and without (docs/performance/2026-12-06-auto-int8-layout.md and
+    2026-12-07-per-row-int8-avx2.md). A u8u8 model loads on any CPU; a u8s8 one is refused, in one line saying
+    what to rebuild, on a CPU without VNNI (onnx_engine.check_int8_kernels)."""
+    return INT8_PER_ROW
+
+
+def int8_layout_label(block: int, features: CpuFeatures | None = None) -> str:
+    """A name for the int8 layout a build on this CPU writes for `block`: its block, and for per-row int8 the
+    QGEMM flavour when it is u8u8 (the u8s8 build, made with VNNI, is plain "row": cache names stay as before)."""
+    if block != INT8_PER_ROW:
+        return int8_block_name(block)
+    return "row" if (features or cpu_features()).row_int8_qgemm == "u8s8" else "row-u8u8"
 
 
 def int8_block_or_default(block: int | None) -> int:

@@ -26,6 +26,13 @@ class CpuFeatures:
         return self.avx512_vnni or self.avx_vnni or self.amx_int8
 
     @property
+    def row_int8_qgemm(self) -> str:
+        """The QGEMM flavour a per-row int8 model is built for here: u8s8 (int8 weights) with VNNI, whose vpdpbusd
+        sums are exact; u8u8 without, since vpmaddubsw's int16 pair sums saturate on u8 x s8 (uint8 weights +128
+        instead: exact on every x86 path, so a u8u8 model loads on any CPU)."""
+        return "u8s8" if self.has_vnni else "u8u8"
+
+    @property
     def int8_kernel(self) -> str:
         """The MLAS u8s8 GEMM path ONNX Runtime picks for dynamic int8 MatMul on this CPU."""
         if self.amx_int8:

@@ -147,10 +147,8 @@ def quantize_rows_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def row_int8_kernel() -> str:
-    """The MLAS QGEMM a per-row int8 model is built for on this CPU. u8s8 (int8 weights) with VNNI: its
-    vpdpbusd sums are exact. Without VNNI MLAS multiplies u8 by s8 with vpmaddubsw, whose int16 pair sums
-    saturate, so the weights are stored as uint8 (+128) for the u8u8 kernels, exact on every x86 path."""
-    return "u8s8" if cpu_features().has_vnni else "u8u8"
+    """The MLAS QGEMM a per-row int8 model is built for on this CPU (CpuFeatures.row_int8_qgemm)."""
+    return cpu_features().row_int8_qgemm
 
 
 def row_zero_points(g: GraphWriter, like: str) -> str:

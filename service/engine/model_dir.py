@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from service.engine.compact import EMBED_INDEX, HEAD_IDS, ArtifactError, graph_weights, load_compact
-from service.engine.config import DecoderConfig, default_int8_block, int8_block_name
+from service.engine.config import DecoderConfig, default_int8_block, int8_layout_label
 
 HARMONY_VOCAB_SIZE = 201_088  # the Harmony (o200k_harmony) vocabulary
 BUILTIN_NAME = "builtin-harmony-tiny"
@@ -203,8 +203,8 @@ def ensure_imported_model(src: Path, cache_dir: Path | None = None, progress: bo
         bits = default_bits(ckpt.model_type)
         name = checkpoint_model_id(src)  # org/name for a Hugging Face cache snapshot
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "checkpoint"
-    # The int8 layout is chosen for this CPU (default_int8_block): a cache carried to another CPU imports anew.
-    layout = f"-{int8_block_name(default_int8_block())}" if bits == 8 else ""
+    # The int8 layout is chosen for this CPU (per row, u8s8 or u8u8): a cache carried to another CPU imports anew.
+    layout = f"-{int8_layout_label(default_int8_block())}" if bits == 8 else ""
     target = cache / f"imported-{slug}-{digest[:16]}-v{IMPORT_VERSION}-int{bits}{layout}"
     if (target / "config.json").exists():
         log.info("SERVICE_MODEL=%s: serving %s, imported before (checkpoint sha256 %s)", src, target, digest[:16])
