@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from service import observability as metrics
 from service.agent.items import auto_container_id, wants_auto_container
 from service.agent.runtime import ToolRuntime
 from service.config import Settings
+from service.constraints.number_bounds import request_integer_digits
 from service.constraints.plan import constraint_spec
 from service.containers import Containers
 from service.errors import InvalidRequest, NotFound
@@ -220,6 +222,8 @@ class Commands:
             text_format=prompt_request.response_format,
             max_tool_calls=getattr(request, "max_tool_calls", None),
             reasoning_budget=self.settings.reasoning_budget(prompt_request.reasoning_effort),
+            # off the event loop: the request's text may be megabytes
+            integer_digits=await asyncio.to_thread(request_integer_digits, _request_texts(prompt_request)),
         )
         limit = self.settings.max_grammar_bytes
         await asyncio.to_thread(self.runtime.check_constraints, prompt_request, constraints, max_grammar_bytes=limit)
@@ -296,3 +300,11 @@ class Commands:
 def _redacted(request: dict[str, Any]) -> dict[str, Any]:
     """The request as logged: MCP `headers`/`authorization` removed (kept sealed apart, or in memory)."""
     return {**request, "tools": [redact(tool) for tool in request.get("tools") or []]}
+
+
+def _request_texts(prompt_request: PromptRequest) -> Iterator[str]:
+    """Every text of a request a model may copy a number from: its instructions, the whole input chain, the tools
+    and the output format."""
+    yield prompt_request.instructions or ""
+    for part in (prompt_request.items, list(prompt_request.tools), prompt_request.response_format):
+        yield json.dumps(part, default=str)

@@ -25,6 +25,7 @@ import llguidance
 import numpy as np
 
 from service.constraints.lark_check import unproductive_start
+from service.constraints.number_bounds import bound_open_integers
 from service.constraints.schema_check import lark_repetition, max_repetition, schema_patterns, unproductive_ref
 from service.constraints.strict_schema import StrictSchemaError, check_strict_schema
 
@@ -67,17 +68,20 @@ class GrammarSpec:
     kind: GrammarKind
     source: str  # the schema as JSON text, the Lark grammar, or the regex
     strict: bool = True  # json_schema: enforce OpenAI's strict subset
+    # json_schema: the digits an integer the schema leaves open may have (number_bounds); None: no bound
+    integer_digits: int | None = None
 
     @staticmethod
-    def json_schema(schema: Any, *, strict: bool) -> GrammarSpec:
+    def json_schema(schema: Any, *, strict: bool, integer_digits: int | None = None) -> GrammarSpec:
         try:
             source = json.dumps(schema, sort_keys=True, separators=(",", ":"))
         except RecursionError:
             source = _TOO_DEEP  # refused by compile_grammar with a clear message
-        return GrammarSpec("json_schema", source, strict)
+        return GrammarSpec("json_schema", source, strict, integer_digits)
 
     def key(self) -> str:
-        digest = hashlib.sha256(f"{self.kind}\0{int(self.strict)}\0{self.source}".encode())
+        bound = "" if self.integer_digits is None else f"\0{self.integer_digits}"
+        digest = hashlib.sha256(f"{self.kind}\0{int(self.strict)}\0{self.source}{bound}".encode())
         return digest.hexdigest()
 
 
@@ -138,6 +142,8 @@ def _compile(spec: GrammarSpec, tokenizer: llguidance.LLTokenizer, budget_s: flo
                 check_strict_schema(schema)
             except StrictSchemaError as exc:
                 raise GrammarError(f"Invalid schema: {exc}.") from None
+        if spec.integer_digits is not None:
+            schema = bound_open_integers(schema, spec.integer_digits)  # after the strict check: the client's schema
         options = _JSON_OPTIONS if spec.strict else {**_JSON_OPTIONS, "lenient": True}
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]

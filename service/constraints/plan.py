@@ -59,18 +59,26 @@ class DecodingPlan:
 
 
 def constraint_spec(
-    *, tool_choice: Any, text_format: dict[str, Any] | None, max_tool_calls: int | None, reasoning_budget: int
+    *,
+    tool_choice: Any,
+    text_format: dict[str, Any] | None,
+    max_tool_calls: int | None,
+    reasoning_budget: int,
+    integer_digits: int | None = None,
 ) -> dict[str, Any]:
-    """The JSON fact a run's constraint is rebuilt from (with the run's tools)."""
+    """The JSON fact a run's constraint is rebuilt from (with the run's tools). `integer_digits`: the digits an
+    integer that a schema leaves open may have (constraints/number_bounds.py); facts logged before it have none,
+    and their runs resume unbounded, as they started."""
     return {
         "tool_choice": tool_choice,
         "text_format": text_format,
         "max_tool_calls": max_tool_calls,
         "reasoning_budget": reasoning_budget,
+        "integer_digits": integer_digits,
     }
 
 
-def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
+def _call_target(index: int, tool: dict[str, Any], digits: int | None = None) -> CallTarget:
     if tool.get("type") == "python":  # the code interpreter: plain code, addressed as `python`
         limit = tool.get("max_code_chars")
         grammar = GrammarSpec("regex", f"(?s:.{{0,{int(limit)}}})") if limit else None
@@ -82,7 +90,8 @@ def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
             params = {**params, "additionalProperties": False}
         qualified = f"{tool['namespace']}.{tool['name']}"
         return CallTarget(
-            qualified, False, GrammarSpec.json_schema(params, strict=False), f"tools[{index}].parameters",
+            qualified, False, GrammarSpec.json_schema(params, strict=False, integer_digits=digits),
+            f"tools[{index}].parameters",
             GrammarSpec.json_schema(_ANY_OBJECT, strict=False),
         )  # fmt: skip
     if tool.get("type") == "custom":
@@ -91,7 +100,7 @@ def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
         return CallTarget(tool["name"], True, grammar, f"tools[{index}].format.definition")
     strict = bool(tool.get("strict"))
     params = tool.get("parameters") or (_NO_ARGUMENTS if strict else _ANY_OBJECT)
-    grammar = GrammarSpec.json_schema(params, strict=strict)
+    grammar = GrammarSpec.json_schema(params, strict=strict, integer_digits=digits)
     fallback = None if strict else GrammarSpec.json_schema(_ANY_OBJECT, strict=False)
     return CallTarget(tool["name"], False, grammar, f"tools[{index}].parameters", fallback)
 
@@ -99,7 +108,8 @@ def _call_target(index: int, tool: dict[str, Any]) -> CallTarget:
 def plan_from_spec(tools: list[dict[str, Any]], spec: dict[str, Any] | None) -> DecodingPlan:
     spec = spec or {}
     choice = spec.get("tool_choice", "auto")
-    targets = [_call_target(i, tool) for i, tool in enumerate(tools)]
+    digits = spec.get("integer_digits")
+    targets = [_call_target(i, tool, digits) for i, tool in enumerate(tools)]
     final = True
     if choice == "none" or spec.get("max_tool_calls") == 0:
         targets = []
@@ -126,7 +136,8 @@ def plan_from_spec(tools: list[dict[str, Any]], spec: dict[str, Any] | None) -> 
     fmt = spec.get("text_format") or {}
     final_grammar: GrammarSpec | None = None
     if fmt.get("type") == "json_schema":
-        final_grammar = GrammarSpec.json_schema(fmt.get("schema"), strict=bool(fmt.get("strict")))
+        strict = bool(fmt.get("strict"))
+        final_grammar = GrammarSpec.json_schema(fmt.get("schema"), strict=strict, integer_digits=digits)
     elif fmt.get("type") == "json_object":
         final_grammar = GrammarSpec.json_schema(_ANY_OBJECT, strict=False)
     return DecodingPlan(tuple(targets), final, final_grammar, "text.format.schema", spec.get("reasoning_budget"))
