@@ -39,6 +39,7 @@ def test_an_open_integer_is_bounded_and_a_stated_bound_is_kept() -> None:
             "high": {"type": "integer", "exclusiveMaximum": 10},
             "choice": {"type": "integer", "enum": [1, 2]},
             "fixed": {"const": 3, "type": "integer"},
+            "huge": {"type": "integer", "minimum": 1e20},
             "maybe": {"type": ["integer", "null"]},
             "real": {"type": "number"},
             "either": {"type": ["integer", "number"]},
@@ -56,6 +57,7 @@ def test_an_open_integer_is_bounded_and_a_stated_bound_is_kept() -> None:
     assert p["low"] == {"type": "integer", "minimum": 0, "maximum": LIMIT_12}
     assert p["high"] == {"type": "integer", "exclusiveMaximum": 10, "minimum": -LIMIT_12}
     assert p["choice"] == schema["properties"]["choice"] and p["fixed"] == schema["properties"]["fixed"]
+    assert p["huge"] == {"type": "integer", "minimum": 1e20}  # a maximum added would leave no integer
     assert p["maybe"] == {"type": ["integer", "null"], "minimum": -LIMIT_12, "maximum": LIMIT_12}
     assert p["real"] == {"type": "number"} and p["either"] == {"type": ["integer", "number"]}
     assert p["list"]["items"]["maximum"] == p["list"]["prefixItems"][0]["maximum"] == LIMIT_12

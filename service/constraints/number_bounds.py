@@ -53,13 +53,20 @@ def bound_open_integers(schema: Any, digits: int) -> Any:
     for key in _MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: bound_open_integers(s, digits) for name, s in out[key].items()}
-    if _allows_integers(out) and "enum" not in out and "const" not in out:
-        limit = 10**digits - 1
+    limit = 10**digits - 1
+    if _allows_integers(out) and "enum" not in out and "const" not in out and not _stated_past(out, limit):
         if not any(k in out for k in _LOWER):
             out["minimum"] = -limit
         if not any(k in out for k in _UPPER):
             out["maximum"] = limit
     return out
+
+
+def _stated_past(schema: dict[str, Any], limit: int) -> bool:
+    """Whether a bound the schema states lies past ±limit (`"minimum": 1e20`): a bound added on the other side
+    would leave no integer at all, so such an integer is left as the schema says."""
+    stated = [schema[k] for k in (*_LOWER, *_UPPER) if k in schema]
+    return any(isinstance(v, int | float) and not isinstance(v, bool) and abs(v) >= limit for v in stated)
 
 
 def _allows_integers(schema: dict[str, Any]) -> bool:
