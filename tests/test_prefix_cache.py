@@ -13,6 +13,7 @@ import pytest
 from service.engine.base import SamplingParams
 from service.engine.onnx_engine import OnnxEngine
 from service.engine.prefix_cache import PrefixCache
+from service.runs import warming
 from tests.api_helpers import client_for
 from tests.conftest import ServerProcess
 from tests.engine_fixtures import contrib_int8_dir, prompt, small_int8_dir
@@ -335,3 +336,20 @@ def test_conversation_through_the_server_is_the_same_with_and_without_the_cache(
         texts.append(turns)
         server.stop()
     assert texts[0] == texts[1]
+
+
+def test_an_idle_engine_waits_before_it_warms_a_finished_runs_next_turn(
+    database_url: str, app_factory: Callable[..., ServerProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's next request often follows a response at once: the engine left idle by a run waits
+    IDLE_WARM_DELAY_S before warming that run's next turn, so a newcomer meanwhile finds no warming chunk in its
+    way (made long here, so that nothing is timed: nothing is warmed while it lasts)."""
+    monkeypatch.setattr(warming, "IDLE_WARM_DELAY_S", 3600.0)
+    server = app_factory(database_url, SERVICE_PREFIX_CACHE_BYTES=str(64 << 20)).start()
+    client = client_for(server.url)
+    first = client.responses.create(input="a first question", max_output_tokens=40, extra_body={"seed": 3})
+    time.sleep(0.5)  # an idle engine would have warmed the first run's next turn by now, without the delay
+    assert _metric(server.url, "service_prefix_cache_warmed_tokens") == 0
+    second = client.responses.create(input="another question", max_output_tokens=8, extra_body={"seed": 4})
+    assert first.status == second.status == "incomplete"  # the random model never stops: cut at the limit
+    assert _metric(server.url, "service_prefix_cache_warmed_tokens") == 0

@@ -126,6 +126,10 @@ class RunSupervisor(Claims):
                     next_claim = time.monotonic() + self.settings.claim_interval_seconds
                 if not self.active:
                     await self._drain(wait=True)
+                    if (delay := self._idle_warm_delay()) > 0:  # a client's next request may be on its way
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._wake.wait(), delay)
+                        continue
                     if await self._in_engine(self._warm_some):
                         continue  # more to warm: first see (at the top) whether a newcomer is waiting
                     if time.monotonic() >= next_checkpoint:

@@ -8,6 +8,7 @@ import collections
 import copy
 import functools
 import logging
+import time
 from collections.abc import Callable
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -33,6 +34,13 @@ WARM_EVERY_TOKENS = 16
 WARM_STEP_TOKENS = 16
 # Finished conversations whose next turn an idle engine prefills (the most recent ones).
 WARM_QUEUE = 4
+# How long an engine left idle by a finished run waits before it warms: a client's next request often follows at
+# once (a script, an agent's tool loop), and a warming chunk already running would hold it up (by ~45 ms of a
+# 350 ms time to first token, back to back on the Qwen shape, docs/performance/2026-12-07-side-by-side-amx.md).
+# Warming helps a next turn that comes after a pause; this delays it by a small part of any such pause. Not for a
+# conversation already continued (warm_while_decoding): its next turn is taken to follow at once, and most of it
+# was warmed beside its decoding.
+IDLE_WARM_DELAY_S = 0.1
 
 
 class Warming(SupervisorCore):
@@ -43,6 +51,7 @@ class Warming(SupervisorCore):
         # Continued conversations' next turns, prefilled beside decoding runs too (_warm_beside).
         self._warm_now: collections.deque[Callable[[], list[int]]] = collections.deque(maxlen=WARM_QUEUE)
         self._warming_beside = False  # the engine has such warming left (engine thread only)
+        self._warm_after = 0.0  # time.monotonic() before which an idle engine does not warm (IDLE_WARM_DELAY_S)
 
     def _warm_next_turn(self, run: ActiveRun) -> None:
         """Have the engine prefill the conversation as its next turn will render it, once idle: a client
@@ -55,7 +64,16 @@ class Warming(SupervisorCore):
         outputs = list(run.projected.get("output") or [])
         request = prompt_request_from_fact(run.fact)
         render = functools.partial(next_turn_prefix, self.runtime.chat_format, request, outputs)
-        (self._warm_now if self._continues_conversation(run) else self._to_warm).append(render)
+        if self._continues_conversation(run):
+            self._warm_now.append(render)  # warmed at once: mostly done beside its decoding already
+        else:
+            self._to_warm.append(render)
+            self._warm_after = time.monotonic() + IDLE_WARM_DELAY_S
+
+    def _idle_warm_delay(self) -> float:
+        """Seconds an idle engine still waits before it warms (0 when it may warm now: a continued conversation's
+        next turn is warmed at once)."""
+        return 0.0 if self._warm_now else max(0.0, self._warm_after - time.monotonic())
 
     def _continues_conversation(self, run: ActiveRun) -> bool:
         """Whether the run's next turn is warmed as it decodes: with warm_while_decoding, when its prompt holds an
