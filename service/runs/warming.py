@@ -35,8 +35,8 @@ WARM_STEP_TOKENS = 16
 # Finished conversations whose next turn an idle engine prefills (the most recent ones).
 WARM_QUEUE = 4
 # How long an engine left idle by a finished run waits before it warms: a client's next request often follows at
-# once (a script, an agent's tool loop), and a warming chunk already running would hold it up (by ~45 ms of a
-# 350 ms time to first token, back to back on the Qwen shape, docs/performance/2026-12-07-side-by-side-amx.md).
+# once (a script, an agent's tool loop), and a warming chunk already running would hold it up (back to back on the
+# Qwen shape: first delta ~350 ms instead of ~280, docs/performance/2026-12-07-side-by-side-amx.md).
 # Warming helps a next turn that comes after a pause; this delays it by a small part of any such pause. Not for a
 # conversation already continued (warm_while_decoding): its next turn is taken to follow at once, and most of it
 # was warmed beside its decoding.
