@@ -124,7 +124,9 @@ class Commands:
         conversation_id = conversation_of(request)
         if conversation_id is not None:
             response["conversation"] = {"id": conversation_id}
-        seed = request.seed if request.seed is not None else secrets.randbits(63)
+        seed = request.seed if request.seed is not None else self.settings.default_seed
+        if seed is None:
+            seed = secrets.randbits(63)
         fact = RequestFact(
             request=_redacted(request.model_dump(mode="json", exclude_none=True)),
             response=response,

@@ -149,6 +149,16 @@ class Settings(BaseModel):
             "caps output tokens for requests without `max_output_tokens` (unset: what remains of the context window)"
         ),
     )
+    default_seed: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**63,
+        json_schema_extra={"shown_default": "a random seed per request"},
+        description=(
+            "the sampling seed of requests without `seed` (clients such as Codex CLI send none): set, a "
+            "request that repeats gives the same tokens, as with a `seed` of its own"
+        ),
+    )
     store_outage_seconds: float = Field(
         default=30.0,
         gt=0,
