@@ -12,17 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.engine.base import SamplingParams, TokenBitmask
+from service.engine.base import SamplingParams
 from service.engine.compact import load_compact, sha256_file
 from service.engine.config import read_config
 from service.engine.model_dir import HARMONY_VOCAB_SIZE
 from service.engine.onnx_engine import OnnxEngine
-from service.engine.sampling import bitmask_to_bool
-from service.prompting.base import ItemStarted
 from service.training.config import TrainConfig
 from service.training.corpus import Renderer, make_samples
 from service.training.drills import make_drills, make_repeats
 from service.training.stats import number_tokens, rarest_token_counts, salient_number_counts
+from tests.corpus_helpers import started_items
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(
@@ -43,17 +42,7 @@ def test_completions_are_what_the_server_constrains_and_parses() -> None:
         prompt = renderer.prompt(sample)
         assert prompt == fmt.render(sample.request)  # the server's own rendering
         completion = renderer.completion(sample.completion)
-        constraint = fmt.constraint_for(sample.request)
-        parser = fmt.new_parser()
-        started = []
-        for token in completion:
-            allowed = constraint.allowed_token_ids()
-            if isinstance(allowed, TokenBitmask):
-                assert bitmask_to_bool(allowed, token + 1)[token]
-            else:
-                assert allowed is None or token in set(allowed.tolist())
-            constraint.accept(token)
-            started += [c for c in parser.feed(token) if isinstance(c, ItemStarted)]
+        started = started_items(fmt, sample.request, completion)
         assert completion[-1] in fmt.stop_token_ids()
         kinds = [c.kind for c in started]
         if sample.kind == "call":
@@ -332,3 +321,63 @@ def test_train_builtin_options_parse_into_the_training_configuration() -> None:
     assert (args.tie_embeddings, args.repeats, args.lr, args.drills, args.induction_steps) == (True, 6, 0.001, 0, 5)
     assert args.induction_lists == 4
     assert parser.parse_args(["train-builtin", "out"]).tie_embeddings is False
+
+
+@needs_torch
+def test_the_trainers_sliding_window_is_the_engines() -> None:
+    """A position attends to the last `attention_window` positions, itself included, as the engine's reference
+    forward (and GroupQueryAttention's local_window_size) computes it; a sequence no longer than the window is
+    plain causal attention."""
+    import torch
+
+    from service.engine.weights import reference_forward
+    from service.training.model import Decoder, window_mask
+
+    window = 5
+    config = replace(TINY, attention_window=window).decoder(40)
+    torch.manual_seed(0)
+    model = Decoder(config, max_len=32)
+    ids = np.random.default_rng(0).integers(1, 40, size=17)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids).view(1, -1))[0].double().numpy()
+    weights = {name: t.detach().double().numpy() for name, t in model.state_dict().items()}
+    np.testing.assert_allclose(logits, reference_forward(config, weights, ids), atol=1e-4)
+    unwindowed = reference_forward(replace(config, attention_window=0), weights, ids)
+    assert not np.allclose(logits[window:], unwindowed[window:], atol=1e-4)  # the window changes later positions
+    np.testing.assert_allclose(logits[:window], unwindowed[:window], atol=1e-4)
+    assert window_mask(window, window) is None and window_mask(window + 1, window) is not None
+
+
+@needs_torch
+def test_a_windowed_agentic_training_with_a_large_vocabulary_exports_a_model_that_serves_long_prompts(
+    tmp_path: Path,
+) -> None:
+    """The options of issue 41's model: a sliding window, a 16k context, writable ids from the standard library,
+    coding-agent samples (some behind a long prompt, kept from its tail): trained, exported, and served past the
+    window and past the old 4,096-token context."""
+    from service.training.agentic import make_agentic_sample
+    from service.training.export import export
+    from service.training.train import build_corpus, train
+
+    cfg = replace(TINY, attention_window=64, writable_ids=3000, agentic_share=0.5, steps=2)
+    decoder = cfg.decoder(100)
+    assert decoder.attention_window == 64 and decoder.max_position == 16384
+    assert TrainConfig().decoder(100).max_position == 4096  # full attention keeps the shipped model's context
+    corpus = build_corpus(cfg.seed, cfg.samples, agentic=12, window=64, writable=3000)
+    assert corpus.target_ids.size == 3000 and len(corpus.sequences) == cfg.samples + 12
+    tails = [start for start in corpus.completion_start[cfg.samples :] if start <= 2 * 64]
+    assert tails  # the long prompts are cut to their last window and a bit
+    model = train(cfg, progress=False, log=lambda _msg: None)
+    _, onnx_dir = export(model, tmp_path / "out")
+    assert read_config(onnx_dir).decoder.attention_window == 64
+    engine = OnnxEngine(onnx_dir, intra_op_threads=1)
+    assert engine.max_context == 16384
+    renderer = Renderer()
+    request = make_agentic_sample(np.random.default_rng(2), instruction_tokens=5000).sample.request
+    prompt = renderer.fmt.render(request)
+    assert len(prompt) > 4096
+    engine.add_sequence("s", prompt, SamplingParams(max_new_tokens=4, seed=1))
+    out = []
+    while engine.active_sequence_ids():
+        out += [t.token_id for t in engine.step().values()]
+    assert len(out) == 4 and set(out) <= set(model.target_ids.tolist())

@@ -11,7 +11,7 @@ from pathlib import Path
 _OPTIONS = (
     "seed", "samples", "steps", "batch_size", "lr", "hidden_size", "num_layers", "head_dim", "intermediate_size",
     "threads", "copy_weight", "drills", "repeats", "tie_embeddings", "induction_steps",
-    "induction_every", "induction_lists",
+    "induction_every", "induction_lists", "attention_window", "max_position", "writable_ids", "agentic_share",
 )  # fmt: skip
 
 

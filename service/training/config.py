@@ -52,6 +52,19 @@ class TrainConfig:
     # it); a shared token's successor then follows only from the tokens before it, as a number's digits
     # after a "." that other numbers in the context hold too.
     induction_lists: int = 1
+    # Every layer attends to the last `attention_window` positions (the engine's sliding window): trained on
+    # prompts of a few thousand tokens, the model computes the same at any position, so it serves
+    # `max_position` tokens; the corpus's prompts (under 400 tokens) see all of theirs. 0: full attention
+    # over a 4,096-token context (the shipped model).
+    attention_window: int = 0
+    max_position: int = 16384
+    # The ids the model may write: the corpus's, then the standard library's most frequent (writable.py) up
+    # to this many, so that arguments could copy names and commands it never saw in training; 0: the
+    # corpus's alone (the shipped model). docs/models.md: 16,384 were tried and the copy did not form.
+    writable_ids: int = 0
+    # Codex-shaped coding-agent samples (agentic.py), as a share of `samples`, half of them behind a long
+    # developer prompt (with a window set); 0: none (the shipped model).
+    agentic_share: float = 0.0
 
     def decoder(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(
@@ -62,10 +75,11 @@ class TrainConfig:
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             intermediate_size=self.intermediate_size,
-            max_position=4096,
+            max_position=self.max_position if self.attention_window else 4096,
             rope_theta=10000.0,
             rms_norm_eps=1e-5,
             tie_embeddings=False,
+            attention_window=self.attention_window,
             bos_token_id=199998,
             eos_token_id=200002,
         )

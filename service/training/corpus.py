@@ -186,7 +186,7 @@ class Renderer:
         self.constrain = list(enc.encode(" <|constrain|>json", allowed_special="all"))
 
     def text(self, text: str) -> list[int]:
-        return list(self.fmt.encoding.encode(text, allowed_special=set()))
+        return list(self.fmt.encoding.encode(text, allowed_special=set(), disallowed_special=()))  # no regex per call
 
     def prompt(self, sample: Sample) -> list[int]:
         return self.fmt.render(sample.request)

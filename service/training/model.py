@@ -1,8 +1,8 @@
 """The decoder in torch: the architecture the engine serves (service/engine/weights.reference_forward),
 with the same parameter names and layouts (Hugging Face Llama: [out, in]), over a compact vocabulary.
 
-RMSNorm, rotary embeddings (rotate-half), grouped-query attention, SwiGLU MLP, untied head (or, in
-training only, a head tied to the embedding).
+RMSNorm, rotary embeddings (rotate-half), grouped-query attention (over a sliding window where the config sets
+one), SwiGLU MLP, untied head (or, in training only, a head tied to the embedding).
 Only the training command imports this module (torch is a build-time extra)."""
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor | None
+    ) -> torch.Tensor:
         b, n, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(b, n, c.num_heads, c.head_dim).transpose(1, 2)
@@ -44,7 +46,10 @@ class Attention(nn.Module):
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k = k.repeat_interleave(c.group_size, dim=1)  # query head j reads kv head j // group_size
         v = v.repeat_interleave(c.group_size, dim=1)
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if allowed is None:
+            ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         return self.o_proj(ctx.transpose(1, 2).reshape(b, n, c.num_heads * c.head_dim))
 
 
@@ -73,8 +78,10 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, allowed)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -124,7 +131,17 @@ class Decoder(nn.Module):
         """ids [b, n] -> the final norm's output [b, n, hidden]."""
         n = ids.shape[1]
         cos, sin = self.cos[:n], self.sin[:n]
+        allowed = window_mask(n, self.config.attention_window)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, allowed)
         return self.model.norm(x)
+
+
+def window_mask(n: int, window: int) -> torch.Tensor | None:
+    """[n, n] bool, True where query i may attend key j: j <= i and i - j < window (the engine's
+    attention_window, itself included); None where that is plain causal attention (no window, or n <= window)."""
+    if window <= 0 or n <= window:
+        return None
+    distance = torch.arange(n).view(n, 1) - torch.arange(n).view(1, n)
+    return (distance >= 0) & (distance < window)

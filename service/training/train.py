@@ -13,14 +13,17 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from service.engine.config import DecoderConfig
+from service.training.agentic import make_agentic_sample
 from service.training.config import TrainConfig
 from service.training.corpus import Renderer, make_samples
 from service.training.drills import make_drills, make_repeats
 from service.training.model import Decoder
+from service.training.writable import writable_ids
 
 DRILL_SEED_OFFSET = 1_000_003  # the drills' seed: far from the held-out seed (424242) and the corpus's
 REPEAT_SEED_OFFSET = 2_000_003  # the repeat drills' seed
 INDUCTION_SEED_OFFSET = 3_000_017  # the induction warm-up's lists
+AGENTIC_SEED_OFFSET = 4_000_037  # the coding-agent samples (agentic.py)
 UNK = 0  # compact index of every id the corpus never uses (inputs only: it is never a target)
 
 
@@ -45,21 +48,47 @@ class Corpus:
     target_ids: np.ndarray
 
 
-def build_corpus(seed: int, count: int, renderer: Renderer | None = None, drills: int = 0, repeats: int = 0) -> Corpus:
+def build_corpus(
+    seed: int,
+    count: int,
+    renderer: Renderer | None = None,
+    drills: int = 0,
+    repeats: int = 0,
+    *,
+    agentic: int = 0,
+    window: int = 0,
+    writable: int = 0,
+) -> Corpus:
+    """The corpus's `count` samples, then the drills and `agentic` coding-agent samples (each from its own seed),
+    rendered; the writable ids extended to `writable` (writable.py). Half the agentic samples sit behind a long
+    developer prompt of which only the tail is kept, a window and a bit more: with every layer windowed
+    (`window` > 0), the trained tokens see what they would see thousands of tokens in."""
     renderer = renderer or Renderer()
     rendered = []
     copied = []
     extra = make_drills(seed + DRILL_SEED_OFFSET, drills) + make_repeats(seed + REPEAT_SEED_OFFSET, repeats)
-    for sample in make_samples(seed, count) + extra:
+    tails = [0] * (count + len(extra))
+    agent_rng = np.random.default_rng(seed + AGENTIC_SEED_OFFSET)
+    for _ in range(agentic):
+        long_prompt = window > 0 and agent_rng.random() < 0.5
+        tokens = (
+            int(agent_rng.integers(window + 600, 3 * window + 600))
+            if long_prompt
+            else int(agent_rng.choice([0, 0, 80, 200]))
+        )
+        extra.append(make_agentic_sample(agent_rng, instruction_tokens=tokens).sample)
+        tails.append(int(agent_rng.integers(window + 64, 2 * window + 1)) if long_prompt else 0)
+    for sample, tail in zip(make_samples(seed, count) + extra, tails, strict=True):
         completion, marks = renderer.marked_completion(sample.completion, sample.salient)
-        rendered.append((renderer.prompt(sample), completion))
+        prompt = renderer.prompt(sample)
+        rendered.append((prompt[-tail:] if tail else prompt, completion))
         copied.append(np.array(marks, dtype=bool))
-    vocab = sorted({t for p, c in rendered for t in p + c})
-    targets = sorted({t for _, c in rendered for t in c})
+    targets = writable_ids(np.array(sorted({t for _, c in rendered for t in c}), np.int32), writable)
+    vocab = sorted({t for p, c in rendered for t in p + c} | set(targets.tolist()))
     index = {tid: i + 1 for i, tid in enumerate(vocab)}
     seqs = [np.array([index[t] for t in p + c], dtype=np.int64) for p, c in rendered]
     starts = [len(p) for p, _ in rendered]
-    return Corpus(seqs, starts, copied, np.array(vocab, np.int32), np.array(targets, np.int32))
+    return Corpus(seqs, starts, copied, np.array(vocab, np.int32), targets)
 
 
 def _batches(corpus: Corpus, cfg: TrainConfig, rng: np.random.Generator) -> list[list[int]]:
@@ -211,10 +240,18 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     log(
-        f"rendering {cfg.samples} synthetic conversations, {cfg.drills} copy drills and {cfg.repeats} repeat "
-        f"drills (seed {cfg.seed})"
+        f"rendering {cfg.samples} synthetic conversations, {cfg.drills} copy drills, {cfg.repeats} repeat "
+        f"drills and {round(cfg.agentic_share * cfg.samples)} coding-agent turns (seed {cfg.seed})"
     )
-    corpus = build_corpus(cfg.seed, cfg.samples, drills=cfg.drills, repeats=cfg.repeats)
+    corpus = build_corpus(
+        cfg.seed,
+        cfg.samples,
+        drills=cfg.drills,
+        repeats=cfg.repeats,
+        agentic=round(cfg.agentic_share * cfg.samples),
+        window=cfg.attention_window,
+        writable=cfg.writable_ids,
+    )
     vocab_size = len(corpus.vocab_ids) + 1
     decoder = cfg.decoder(vocab_size)
     max_len = max(len(s) for s in corpus.sequences)
