@@ -9,7 +9,8 @@ the server does (message bodies, including function arguments, are unconstrained
 - tool_decision: it called the expected function, or answered without a call when none fits;
 - arguments_json_valid: the calls' arguments are a JSON object;
 - argument_copied: the call's argument equals the value in the user's request;
-- answer_has_tool_value: after a tool result, the final answer contains the tool output's salient value.
+- answer_has_tool_value: after a tool result, the final answer contains the tool output's salient value;
+- arguments_closed_64: a call's arguments closed (<|call|>) within 64 tokens (every completion that opened a call).
 
     SERVICE_INTRA_OP_THREADS=1 python -m bench.builtin_quality [--samples 300] [--model DIR] [--update-manifest]
 """
@@ -71,9 +72,28 @@ def generate(
     return outcomes
 
 
+ARGUMENT_BUDGET = 64  # tokens a call's arguments must close within (issue 41)
+
+
+def argument_tokens(fmt: HarmonyFormat, tokens: list[int]) -> int | None:
+    """Tokens between a call's <|message|> and its <|call|>; None where no call closed."""
+    enc = fmt.encoding
+    (call,) = enc.encode("<|call|>", allowed_special="all")
+    (message,) = enc.encode("<|message|>", allowed_special="all")
+    if call not in tokens:
+        return None
+    end = tokens.index(call)
+    return end - max(i for i in range(end) if tokens[i] == message) - 1
+
+
+def opens_a_call(fmt: HarmonyFormat, tokens: list[int]) -> bool:
+    """The completion wrote a call's header (` to=functions.`), closed or not."""
+    return " to=functions." in fmt.encoding.decode(tokens)
+
+
 def score(outcomes: list[Outcome], fmt: HarmonyFormat) -> dict[str, Any]:
     counts = {k: [0, 0] for k in ("well_formed", "ended_by_itself", "tool_decision", "arguments_json_valid")}
-    counts |= {"argument_copied": [0, 0], "answer_has_tool_value": [0, 0]}
+    counts |= {"argument_copied": [0, 0], "answer_has_tool_value": [0, 0], "arguments_closed_64": [0, 0]}
     failures: list[str] = []
 
     def tally(key: str, ok: bool) -> None:
@@ -82,6 +102,9 @@ def score(outcomes: list[Outcome], fmt: HarmonyFormat) -> dict[str, Any]:
 
     for o in outcomes:
         tally("ended_by_itself", o.stopped)
+        if opens_a_call(fmt, o.tokens):
+            length = argument_tokens(fmt, o.tokens)
+            tally("arguments_closed_64", length is not None and length <= ARGUMENT_BUDGET)
         try:
             messages = fmt.encoding.parse_messages_from_completion_tokens(o.tokens, Role.ASSISTANT, strict=True)
             parsed = True
@@ -116,21 +139,36 @@ def score(outcomes: list[Outcome], fmt: HarmonyFormat) -> dict[str, Any]:
             tally("answer_has_tool_value", ok)
             if not ok and len(failures) < 30:
                 failures.append(f"answer: expected {o.sample.salient!r} in {answer!r}")
-    report: dict[str, Any] = {
-        key: {"rate": round(ok / n, 4) if n else None, "ok": ok, "of": n} for key, (ok, n) in counts.items()
-    }
+    report = rates(counts)
     report["examples_of_failures"] = failures
     return report
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def rates(counts: dict[str, list[int]]) -> dict[str, Any]:
+    """{metric: {"rate", "ok", "of"}} from {metric: [ok, of]}."""
+    return {key: {"rate": round(ok / n, 4) if n else None, "ok": ok, "of": n} for key, (ok, n) in counts.items()}
+
+
+def held_out_arguments(parser: argparse.ArgumentParser, seed: int) -> None:
+    """The options the held-out benches share (this one and bench/agentic_quality.py)."""
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=HELD_OUT_SEED)
+    parser.add_argument("--seed", type=int, default=seed)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--model", type=Path, default=None, help="a model directory (default: the built-in model)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("SERVICE_INTRA_OP_THREADS", "1")))
+
+
+def record_in_manifest(key: str, report: dict[str, Any]) -> None:
+    """The report, but the model's path and the failures, as the built-in manifest's metrics[key]."""
+    manifest = json.loads(BUILTIN_MANIFEST.read_text())
+    manifest["metrics"][key] = {k: v for k, v in report.items() if k not in ("model", "examples_of_failures")}
+    BUILTIN_MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    held_out_arguments(parser, HELD_OUT_SEED)
     parser.add_argument(
         "--temperature", type=float, default=1.0, help="1.0 (the API default) for the issue's figures; 0 is greedy"
     )
@@ -153,9 +191,7 @@ def main() -> None:
     }
     print(json.dumps(report, indent=2))
     if args.update_manifest:
-        manifest = json.loads(BUILTIN_MANIFEST.read_text())
-        manifest["metrics"]["quality"] = {k: v for k, v in report.items() if k not in ("model", "examples_of_failures")}
-        BUILTIN_MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        record_in_manifest("quality", report)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def test_artifact_matches_its_manifest() -> None:
     manifest = read_manifest()
     artifact = BUILTIN_ARTIFACT_DIR / manifest["artifact"]
     assert sha256_file(artifact) == manifest["sha256"]
-    assert artifact.stat().st_size == manifest["size_bytes"] < 20 * 1024 * 1024
+    assert artifact.stat().st_size == manifest["size_bytes"] <= 16 * 1024 * 1024  # issue 41: at most 16 MB
     assert manifest["model_id"] == BUILTIN_NAME
     assert manifest["decoder"]["vocab_size"] == HARMONY_VOCAB_SIZE
     compact = load_compact(artifact, manifest["sha256"])
@@ -91,6 +91,12 @@ def test_recorded_metrics_meet_all_of_the_issues_targets() -> None:
     quality = _quality()
     missed = {key: quality[key]["rate"] for key, target in TARGETS.items() if quality[key]["rate"] < target}
     assert not missed, missed
+
+
+def test_recorded_call_arguments_close_within_64_tokens() -> None:
+    """Issue 41's bound on arguments that never end, on today's held-out set: >= 99.5% close within 64 tokens."""
+    closed = _quality()["arguments_closed_64"]
+    assert closed["of"] > 0 and closed["rate"] >= 0.995, closed
 
 
 def test_build_default_materialises_and_reports_what_it_loaded(tmp_path: Path) -> None:
