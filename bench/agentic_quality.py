@@ -35,12 +35,12 @@ from openai_harmony import Role
 from bench.builtin_quality import (
     ARGUMENT_BUDGET,
     argument_tokens,
+    complete,
     held_out_arguments,
     opens_a_call,
     rates,
     record_in_manifest,
 )
-from service.engine.base import SamplingParams
 from service.engine.model_dir import ensure_builtin_model
 from service.engine.onnx_engine import OnnxEngine
 from service.prompting.base import PromptRequest
@@ -60,27 +60,7 @@ class Turn:
 def _generate(
     engine: OnnxEngine, fmt: HarmonyFormat, requests: list[PromptRequest], max_tokens: int, batch: int, seed: int
 ) -> list[Turn]:
-    stops = fmt.stop_token_ids()
-    turns: list[Turn] = []
-    for start in range(0, len(requests), batch):
-        tokens: dict[str, list[int]] = {}
-        stopped: dict[str, bool] = {}
-        for offset, request in enumerate(requests[start : start + batch]):
-            sid = str(start + offset)
-            params = SamplingParams(
-                max_new_tokens=max_tokens, temperature=1.0, seed=seed + start + offset, stop_token_ids=stops
-            )
-            engine.add_sequence(sid, fmt.render(request), params, constraint=fmt.constraint_for(request))
-            tokens[sid], stopped[sid] = [], False
-        while engine.active_sequence_ids():
-            for sid, out in engine.step().items():
-                tokens[sid].append(out.token_id)
-                if out.finish_reason is not None:
-                    stopped[sid] = out.finish_reason == "stop"
-        turns += [
-            Turn(tokens[str(i)], stopped[str(i)]) for i in range(start, start + len(requests[start : start + batch]))
-        ]
-    return turns
+    return [Turn(t, s) for t, s in complete(engine, fmt, requests, max_tokens, batch, 1.0, seed)]
 
 
 def held_out_tasks(count: int, seed: int, fmt: HarmonyFormat) -> list[tuple[PromptRequest, AgentTask, int]]:
@@ -96,9 +76,9 @@ def held_out_tasks(count: int, seed: int, fmt: HarmonyFormat) -> list[tuple[Prom
             length = len(fmt.render(agent.sample.request))
             if PROMPT_TOKENS[0] <= length <= PROMPT_TOKENS[1]:
                 break
-            rng.bit_generator.state = state  # the same task, resized
+            rng.bit_generator.state = state  # back to where this task's draws began,
             tokens += goal - length
-            rng.random()  # and move on, so that a resized draw is not the same twice
+            rng.random()  # one step on (another task), with the instructions resized
         out.append((agent.sample.request, agent.task, length))
     return out
 

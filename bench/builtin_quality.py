@@ -30,8 +30,9 @@ from openai_harmony import Role
 from service.engine.base import SamplingParams
 from service.engine.model_dir import BUILTIN_MANIFEST, ensure_builtin_model
 from service.engine.onnx_engine import OnnxEngine
+from service.prompting.base import PromptRequest
 from service.prompting.harmony import HarmonyFormat
-from service.training.corpus import Renderer, make_samples
+from service.training.corpus import make_samples
 from service.training.sample import Sample
 
 HELD_OUT_SEED = 424242  # the training corpus uses TrainConfig.seed (1)
@@ -44,32 +45,45 @@ class Outcome:
     stopped: bool
 
 
-def generate(
-    model_dir: Path, samples: list[Sample], max_tokens: int, threads: int, batch: int, temperature: float = 1.0
-) -> list[Outcome]:
-    engine = OnnxEngine(model_dir, intra_op_threads=threads, max_batch=batch)
-    renderer = Renderer()
-    fmt = renderer.fmt
+def complete(
+    engine: OnnxEngine,
+    fmt: HarmonyFormat,
+    requests: list[PromptRequest],
+    max_tokens: int,
+    batch: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> list[tuple[list[int], bool]]:
+    """(tokens, stopped by a stop token) per request, `batch` at a time, the i-th sampled with seed `seed + i`
+    under the server's Harmony header constraint (bench/agentic_quality.py shares it)."""
     stops = fmt.stop_token_ids()
-    outcomes: list[Outcome] = []
-    for start in range(0, len(samples), batch):
-        part = samples[start : start + batch]
+    results: list[tuple[list[int], bool]] = []
+    for start in range(0, len(requests), batch):
+        part = requests[start : start + batch]
         tokens: dict[str, list[int]] = {}
         stopped: dict[str, bool] = {}
-        for offset, sample in enumerate(part):
+        for offset, request in enumerate(part):
             sid = str(start + offset)
             params = SamplingParams(
-                max_new_tokens=max_tokens, temperature=temperature, seed=start + offset, stop_token_ids=stops
+                max_new_tokens=max_tokens, temperature=temperature, seed=seed + start + offset, stop_token_ids=stops
             )
-            engine.add_sequence(sid, renderer.prompt(sample), params, constraint=fmt.constraint_for(sample.request))
+            engine.add_sequence(sid, fmt.render(request), params, constraint=fmt.constraint_for(request))
             tokens[sid], stopped[sid] = [], False
         while engine.active_sequence_ids():
             for sid, out in engine.step().items():
                 tokens[sid].append(out.token_id)
                 if out.finish_reason is not None:
                     stopped[sid] = out.finish_reason == "stop"
-        outcomes += [Outcome(s, tokens[str(start + i)], stopped[str(start + i)]) for i, s in enumerate(part)]
-    return outcomes
+        results += [(tokens[str(start + i)], stopped[str(start + i)]) for i in range(len(part))]
+    return results
+
+
+def generate(
+    model_dir: Path, samples: list[Sample], max_tokens: int, threads: int, batch: int, temperature: float = 1.0
+) -> list[Outcome]:
+    engine = OnnxEngine(model_dir, intra_op_threads=threads, max_batch=batch)
+    done = complete(engine, HarmonyFormat(), [s.request for s in samples], max_tokens, batch, temperature)
+    return [Outcome(sample, tokens, stopped) for sample, (tokens, stopped) in zip(samples, done, strict=True)]
 
 
 ARGUMENT_BUDGET = 64  # tokens a call's arguments must close within (issue 41)
